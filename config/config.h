@@ -1,0 +1,100 @@
+// Config: the one validated, immutable description of what `fencegate serve` does.
+//
+// Built from (lowest to highest precedence) built-in defaults, a JSON config file
+// (--config / FENCEGATE_CONFIG), FENCEGATE_* environment variables, and command-line flags.
+// Validation collects every error; a Config that load_serve() returns is valid and the rest of
+// the program may assume so.
+//
+// Thread-safety: a Config is immutable after load; share it as std::shared_ptr<const Config>.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fencegate::config {
+
+enum class Mode { enforce, observe, off };
+
+std::string_view to_string(Mode m);
+std::optional<Mode> parse_mode(std::string_view s);
+
+// "host:port" split. host may be an IPv4 address, "[v6]" or a name.
+struct Endpoint {
+  std::string host;
+  std::uint16_t port = 0;
+  std::string to_string() const;  // "host:port" (v6 in brackets)
+};
+
+struct Route {
+  std::string prefix;      // as configured, e.g. "/tenants/{tenant}/"
+  std::string upstream;    // as configured, e.g. "http://127.0.0.1:9000"
+  Endpoint upstream_addr;  // parsed from upstream (only http:// is supported)
+  std::string resource;    // template, e.g. "tenant-{tenant}" (captures must exist in prefix)
+  Mode mode = Mode::enforce;
+  std::vector<std::string> write_methods{"POST", "PUT", "PATCH", "DELETE"};  // upper-case tokens
+  bool fence_reads = false;
+
+  // Returns true iff `method` (case-sensitive, as on the wire) is fenced on this route.
+  bool is_fenced(std::string_view method) const;
+};
+
+struct Config {
+  Endpoint listen{"127.0.0.1", 8080};
+  std::string db = "./fence.db";
+  int threads = 0;  // 0 in input means "hardware threads"; after load it is >= 1
+  std::vector<Route> routes;
+
+  // Token headers.
+  std::string token_header = "Fencing-Token";
+  std::string leader_header = "Fencing-Leader";
+  std::size_t max_leader_bytes = 256;
+
+  // Limits.
+  std::size_t max_header_bytes = 16 * 1024;            // request line + headers; over -> 431
+  std::uint64_t max_body_bytes = 1ull << 30;            // declared or streamed body; over -> 413
+  std::size_t max_connections = 10000;                  // concurrent client connections
+  std::size_t max_resources = 100000;                   // distinct fenced resources held in memory
+
+  // Timeouts.
+  std::chrono::milliseconds header_timeout{10000};       // time to receive a request head -> 408
+  std::chrono::milliseconds idle_timeout{60000};         // keep-alive idle between requests
+  std::chrono::milliseconds body_timeout{30000};         // no body progress from the client
+  std::chrono::milliseconds upstream_connect_timeout{3000};  // -> 502
+  std::chrono::milliseconds upstream_timeout{30000};     // no upstream progress -> 504
+  std::chrono::milliseconds drain_timeout{10000};        // older in-flight writes -> aborted, 504
+
+  std::size_t upstream_idle_per_thread = 64;             // pooled idle upstream connections
+
+  std::string log_level = "info";                        // debug|info|warn|error
+
+  // Where the config came from (for reload and messages); empty for flag-only.
+  std::string config_file;
+};
+
+// Result of loading: either a valid config, or every error found (each names the field).
+struct LoadResult {
+  std::optional<Config> config;
+  std::vector<std::string> errors;  // e.g. "routes[0].mode: must be one of enforce, observe, off (got \"enforse\")"
+  bool help = false;                // --help was given: print serve_usage() and exit 0
+};
+
+// Parses `fencegate serve` arguments (argv after the subcommand), the environment (FENCEGATE_*)
+// and, if given, the JSON file; validates; returns the result. `env` is a lookup function so tests
+// can inject an environment; nullptr means the process environment.
+using EnvLookup = const char* (*)(const char*);
+LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env = nullptr);
+
+// Parses and validates a JSON document (the config file's contents). `source` names it in errors.
+LoadResult load_json(std::string_view json_text, std::string_view source = "config");
+
+// Validates a fully built Config (used by both loaders); appends errors.
+void validate(Config& c, std::vector<std::string>& errors);
+
+// Help text for `fencegate serve --help`: every flag, its env variable and default.
+std::string serve_usage();
+
+}  // namespace fencegate::config

@@ -1,0 +1,55 @@
+// Router: maps a request target to its route and resource name.
+//
+// Routes match by longest path prefix. A prefix may contain captures, `{name}`, each matching exactly
+// one non-empty path segment; the route's resource template may use them (`tenant-{tenant}`).
+// The resource therefore comes from the route and the path, never from a client header.
+//
+// Ambiguous targets are refused (not routed), because the upstream might normalise them to a path
+// that belongs to another resource: anything but origin-form, dot segments ("." / ".."), empty
+// segments ("//"), backslashes, percent-encoded '/', '\\', '.' or '%' sequences that are not valid,
+// control characters or bytes >= 0x80. Captured segments may only contain [A-Za-z0-9._~-] (and
+// may not be "." or ".."), so a resource name is always printable and bounded.
+//
+// Thread-safety: immutable after construction; match() may be called from any thread.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config/config.h"
+
+namespace fencegate::config {
+
+class Router {
+ public:
+  // REQUIRES: routes were validated (validate() / check_route_template() accepted them).
+  explicit Router(const std::vector<Route>& routes);
+
+  enum class Outcome { matched, no_route, bad_target };
+  struct Match {
+    Outcome outcome = Outcome::no_route;
+    const Route* route = nullptr;  // set iff matched; points into the vector given to the ctor
+    std::string resource;          // set iff matched
+    std::string reason;            // set iff bad_target: why (for a 400 detail)
+  };
+
+  // `target` is the request-target exactly as received (path and optional "?query").
+  Match match(std::string_view target) const;
+
+ private:
+  struct Compiled;
+  std::vector<Compiled> compiled_;  // sorted: most specific first
+  const std::vector<Route>* routes_;
+
+ public:
+  ~Router();
+  Router(Router&&) noexcept;
+  Router& operator=(Router&&) noexcept;
+};
+
+// Checks one route's prefix/resource templates; returns an empty string if fine, else the reason
+// (e.g. "resource uses {tenant} which the prefix does not capture"). Used by validate().
+std::string check_route_template(const Route& r);
+
+}  // namespace fencegate::config

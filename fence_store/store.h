@@ -1,0 +1,109 @@
+// fence_store: the durable half of the fence. The only code that touches SQLite.
+//
+// One Store owns one database file: generations per resource and the audit log of decisions.
+// SQLite runs in WAL mode with synchronous=FULL, so a commit is fsynced before it is reported.
+// Ownership is exclusive: open() takes an flock on "<db>.lock"; a second owner fails fast while
+// read-only readers (sqlite3 CLI, `fencegate audit`) can still read the database.
+//
+// All writes run on the store's own thread. advance() and append_audit() only enqueue; the store
+// thread drains everything queued into one transaction and commits once (group commit: a flood of
+// rows costs one fsync per batch), then calls every completion, on the store thread. Completions
+// must be quick and must not call back into the Store synchronously with blocking waits; post the
+// result to your own executor.
+//
+// Thread-safety: every public method is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fencegate::store {
+
+// A cheap status with named constructors (leveldb style).
+class Status {
+ public:
+  static Status OK() { return Status(); }
+  static Status Error(std::string msg) { return Status(std::move(msg)); }
+  bool ok() const { return msg_.empty(); }
+  const std::string& message() const { return msg_; }
+
+ private:
+  Status() = default;
+  explicit Status(std::string m) : msg_(m.empty() ? std::string("unknown store error") : std::move(m)) {}
+  std::string msg_;
+};
+
+struct ResourceState {
+  std::string resource;
+  std::int64_t generation = 0;       // 0: never advanced
+  std::int64_t advanced_at_ms = 0;   // unix epoch milliseconds
+  std::string advanced_by;           // leader identity that advanced it ("" if none given)
+};
+
+struct AuditRow {
+  std::int64_t time_ms = 0;               // unix epoch milliseconds; 0 -> filled with now
+  std::string resource;
+  std::string decision;                   // rejected_stale, would_reject_missing, ...
+  std::int64_t presented_generation = 0;  // 0: none / malformed
+  std::int64_t current_generation = 0;    // stored generation at decision time
+  std::string method;
+  std::string target;
+  std::string client;                     // "ip:port"
+  std::string leader;                     // Fencing-Leader header ("" if absent)
+  std::string mode;                       // enforce | observe
+  std::string user_agent;
+};
+
+struct AuditQuery {
+  std::string resource, decision, leader;  // "" = any
+  std::int64_t since_ms = 0, until_ms = 0; // 0 = unbounded; since inclusive, until exclusive
+  std::int64_t before_id = 0;              // cursor: rows with id < before_id; 0 = newest
+  int limit = 100;
+};
+struct AuditRecord {
+  std::int64_t id = 0;
+  AuditRow row;
+};
+
+class Store {
+ public:
+  using Done = std::function<void(Status)>;
+
+  // Opens (creating if needed) and migrates the database, takes ownership and starts the store
+  // thread. Returns nullptr and sets *error (a sentence for the operator) on failure, e.g.
+  // "database ./fence.db is owned by another fencegate (lock ./fence.db.lock held)".
+  static std::unique_ptr<Store> open(const std::string& path, std::string* error);
+
+  // Opens read-only, without taking ownership (for audit queries while a sidecar runs).
+  // The returned Store supports only the read methods below; writes complete with an error.
+  static std::unique_ptr<Store> open_readonly(const std::string& path, std::string* error);
+
+  virtual ~Store() = default;  // stops the thread after committing what was queued
+
+  // Every resource with its state, as of now (reads the database).
+  virtual std::vector<ResourceState> load_all() = 0;
+
+  // Durably sets generation(resource) = max(stored, generation) with advanced_at/by updated when it
+  // rises; never lowers it. `done` runs on the store thread after the commit (or its failure).
+  virtual void advance(std::string resource, std::int64_t generation, std::string leader, Done done) = 0;
+
+  // Appends an audit row. If `done` is set it runs after the row's batch is durable (or failed);
+  // if empty the row is written with the next batch, fire and forget.
+  virtual void append_audit(AuditRow row, Done done) = 0;
+
+  // Reads audit rows, newest first (by id). Thread-safe; uses its own read connection.
+  virtual std::vector<AuditRecord> query_audit(const AuditQuery& q, Status* status) = 0;
+
+  // Number of items waiting for the store thread.
+  virtual std::size_t queue_depth() const = 0;
+
+  // Test hook: while set, every commit fails as a real I/O error would (for fail-closed tests).
+  virtual void inject_commit_failure(bool on) = 0;
+
+  static constexpr int kSchemaVersion = 1;
+};
+
+}  // namespace fencegate::store
