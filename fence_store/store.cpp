@@ -1,0 +1,606 @@
+// fence_store implementation: SQLite (WAL, synchronous=FULL), one writer thread with group commit,
+// a separate read connection for queries, flock-based ownership.
+#include "fence_store/store.h"
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace fencegate::store {
+namespace {
+
+constexpr int kBusyTimeoutMs = 5000;
+
+std::int64_t now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string parent_dir(const std::string& path) {
+  auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Runs one or more statements without results. Returns "" or the sqlite error message.
+std::string exec(sqlite3* db, const char* sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) == SQLITE_OK) return {};
+  std::string msg = err ? err : sqlite3_errmsg(db);
+  sqlite3_free(err);
+  return msg;
+}
+
+// Returns false and sets *msg if the pragma/query failed; else *out = first column of first row.
+bool query_int(sqlite3* db, const char* sql, std::int64_t* out, std::string* msg) {
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK) {
+    *msg = sqlite3_errmsg(db);
+    return false;
+  }
+  int rc = sqlite3_step(st);
+  if (rc == SQLITE_ROW) {
+    *out = sqlite3_column_int64(st, 0);
+  } else if (rc != SQLITE_DONE) {
+    *msg = sqlite3_errmsg(db);
+    sqlite3_finalize(st);
+    return false;
+  }
+  sqlite3_finalize(st);
+  return true;
+}
+
+std::string col_text(sqlite3_stmt* st, int i) {
+  auto p = reinterpret_cast<const char*>(sqlite3_column_text(st, i));
+  return p ? std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(st, i))) : std::string();
+}
+
+void bind_text(sqlite3_stmt* st, int i, const std::string& s) {
+  // SQLITE_STATIC: the string outlives the step (it lives in the batch until reset).
+  sqlite3_bind_text(st, i, s.data(), static_cast<int>(s.size()), SQLITE_STATIC);
+}
+
+// ---- Schema migrations: migrations[v] takes the schema from version v to v + 1. ----
+
+std::string migrate_0_to_1(sqlite3* db) {
+  return exec(db,
+              "CREATE TABLE resources("
+              "  resource TEXT PRIMARY KEY,"
+              "  generation INTEGER NOT NULL,"
+              "  advanced_at_ms INTEGER NOT NULL,"
+              "  advanced_by TEXT NOT NULL);"
+              "CREATE TABLE audit("
+              "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
+              "  time_ms INTEGER NOT NULL,"
+              "  resource TEXT NOT NULL,"
+              "  decision TEXT NOT NULL,"
+              "  presented_generation INTEGER NOT NULL,"
+              "  current_generation INTEGER NOT NULL,"
+              "  method TEXT NOT NULL,"
+              "  target TEXT NOT NULL,"
+              "  client TEXT NOT NULL,"
+              "  leader TEXT NOT NULL,"
+              "  mode TEXT NOT NULL,"
+              "  user_agent TEXT NOT NULL);"
+              "CREATE INDEX audit_resource_id ON audit(resource, id);"
+              "CREATE INDEX audit_decision_id ON audit(decision, id);"
+              "CREATE INDEX audit_time ON audit(time_ms);");
+}
+
+using Migration = std::string (*)(sqlite3*);
+constexpr std::array<Migration, Store::kSchemaVersion> kMigrations = {migrate_0_to_1};
+
+// Brings the schema up to kSchemaVersion, one transaction per step. Returns "" or an operator message.
+std::string migrate(sqlite3* db, const std::string& path) {
+  std::int64_t version = 0;
+  std::string msg;
+  if (!query_int(db, "PRAGMA user_version", &version, &msg))
+    return "cannot read database " + path + ": " + msg;
+  if (version > Store::kSchemaVersion)
+    return "database " + path + " has schema version " + std::to_string(version) +
+           ", newer than this fencegate supports (" + std::to_string(Store::kSchemaVersion) +
+           "); upgrade fencegate or point it at another database";
+  for (auto v = version; v < Store::kSchemaVersion; ++v) {
+    if (auto e = exec(db, "BEGIN IMMEDIATE"); !e.empty())
+      return "cannot migrate database " + path + ": " + e;
+    std::string e = kMigrations[static_cast<std::size_t>(v)](db);
+    if (e.empty()) e = exec(db, ("PRAGMA user_version = " + std::to_string(v + 1)).c_str());
+    if (e.empty()) e = exec(db, "COMMIT");
+    if (!e.empty()) {
+      exec(db, "ROLLBACK");
+      return "cannot migrate database " + path + " from schema version " + std::to_string(v) + " to " +
+             std::to_string(v + 1) + ": " + e;
+    }
+  }
+  return {};
+}
+
+// Opens a connection; returns nullptr and sets *error on failure.
+sqlite3* open_db(const std::string& path, int flags, std::string* error) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db, flags | SQLITE_OPEN_NOMUTEX, nullptr);
+  if (rc != SQLITE_OK) {
+    *error = "cannot open database " + path + ": " + (db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
+    sqlite3_close_v2(db);
+    return nullptr;
+  }
+  sqlite3_extended_result_codes(db, 1);
+  sqlite3_busy_timeout(db, kBusyTimeoutMs);
+  return db;
+}
+
+// Fails with "not a database" etc. on files SQLite cannot read; "" if fine.
+std::string probe(sqlite3* db, const std::string& path) {
+  std::int64_t n = 0;
+  std::string msg;
+  if (!query_int(db, "SELECT count(*) FROM sqlite_schema", &n, &msg))
+    return "cannot open database " + path + ": " + msg;
+  return {};
+}
+
+// ---- Audit queries: one prepared statement per combination of filters, prepared on first use. ----
+
+constexpr unsigned kResource = 1, kDecision = 2, kLeader = 4, kSince = 8, kUntil = 16, kBefore = 32;
+constexpr unsigned kFilterCount = 64;  // every combination of the filters above
+
+std::string audit_query_sql(unsigned mask) {
+  std::string sql =
+      "SELECT id, time_ms, resource, decision, presented_generation, current_generation, method, target,"
+      " client, leader, mode, user_agent FROM audit WHERE 1";
+  if (mask & kResource) sql += " AND resource = :resource";
+  if (mask & kDecision) sql += " AND decision = :decision";
+  if (mask & kLeader) sql += " AND leader = :leader";
+  if (mask & kSince) sql += " AND time_ms >= :since";
+  if (mask & kUntil) sql += " AND time_ms < :until";
+  if (mask & kBefore) sql += " AND id < :before";
+  sql += " ORDER BY id DESC LIMIT :limit";
+  return sql;
+}
+
+// One read connection and its prepared statements. Guarded by the owner's mutex.
+class Reader {
+ public:
+  explicit Reader(sqlite3* db) : db_(db) {}
+  ~Reader() {
+    sqlite3_finalize(load_all_);
+    for (auto* st : audit_) sqlite3_finalize(st);
+    sqlite3_close_v2(db_);
+  }
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  std::vector<ResourceState> load_all(Status* status) {
+    std::vector<ResourceState> out;
+    if (!load_all_ && !prepare("SELECT resource, generation, advanced_at_ms, advanced_by FROM resources"
+                               " ORDER BY resource", &load_all_, status))
+      return out;
+    int rc;
+    while ((rc = sqlite3_step(load_all_)) == SQLITE_ROW) {
+      ResourceState s;
+      s.resource = col_text(load_all_, 0);
+      s.generation = sqlite3_column_int64(load_all_, 1);
+      s.advanced_at_ms = sqlite3_column_int64(load_all_, 2);
+      s.advanced_by = col_text(load_all_, 3);
+      out.push_back(std::move(s));
+    }
+    finish(load_all_, rc, status);
+    return out;
+  }
+
+  std::vector<AuditRecord> query_audit(const AuditQuery& q, Status* status) {
+    std::vector<AuditRecord> out;
+    unsigned mask = (q.resource.empty() ? 0u : kResource) | (q.decision.empty() ? 0u : kDecision) |
+                    (q.leader.empty() ? 0u : kLeader) | (q.since_ms == 0 ? 0u : kSince) |
+                    (q.until_ms == 0 ? 0u : kUntil) | (q.before_id == 0 ? 0u : kBefore);
+    sqlite3_stmt*& st = audit_[mask];
+    if (!st && !prepare(audit_query_sql(mask).c_str(), &st, status)) return out;
+    auto idx = [&](const char* name) { return sqlite3_bind_parameter_index(st, name); };
+    if (mask & kResource) bind_text(st, idx(":resource"), q.resource);
+    if (mask & kDecision) bind_text(st, idx(":decision"), q.decision);
+    if (mask & kLeader) bind_text(st, idx(":leader"), q.leader);
+    if (mask & kSince) sqlite3_bind_int64(st, idx(":since"), q.since_ms);
+    if (mask & kUntil) sqlite3_bind_int64(st, idx(":until"), q.until_ms);
+    if (mask & kBefore) sqlite3_bind_int64(st, idx(":before"), q.before_id);
+    int limit = q.limit < 1 ? 1 : (q.limit > 1000 ? 1000 : q.limit);
+    sqlite3_bind_int(st, idx(":limit"), limit);
+    out.reserve(static_cast<std::size_t>(limit));
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      AuditRecord r;
+      r.id = sqlite3_column_int64(st, 0);
+      r.row.time_ms = sqlite3_column_int64(st, 1);
+      r.row.resource = col_text(st, 2);
+      r.row.decision = col_text(st, 3);
+      r.row.presented_generation = sqlite3_column_int64(st, 4);
+      r.row.current_generation = sqlite3_column_int64(st, 5);
+      r.row.method = col_text(st, 6);
+      r.row.target = col_text(st, 7);
+      r.row.client = col_text(st, 8);
+      r.row.leader = col_text(st, 9);
+      r.row.mode = col_text(st, 10);
+      r.row.user_agent = col_text(st, 11);
+      out.push_back(std::move(r));
+    }
+    finish(st, rc, status);
+    return out;
+  }
+
+ private:
+  bool prepare(const char* sql, sqlite3_stmt** st, Status* status) {
+    if (sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, st, nullptr) == SQLITE_OK) return true;
+    *st = nullptr;
+    if (status) *status = Status::Error(std::string("audit/resources query failed: ") + sqlite3_errmsg(db_));
+    return false;
+  }
+  void finish(sqlite3_stmt* st, int rc, Status* status) {
+    if (status)
+      *status = rc == SQLITE_DONE ? Status::OK()
+                                  : Status::Error(std::string("query failed: ") + sqlite3_errmsg(db_));
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+  }
+
+  sqlite3* const db_;
+  sqlite3_stmt* load_all_ = nullptr;
+  std::array<sqlite3_stmt*, kFilterCount> audit_{};
+};
+
+// ---- The owning store: lock file, writer thread, reader. ----
+
+class OwnedStore final : public Store {
+ public:
+  OwnedStore(std::string path, int lock_fd, sqlite3* wdb, sqlite3* rdb)
+      : path_(std::move(path)), lock_fd_(lock_fd), wdb_(wdb), reader_(std::make_unique<Reader>(rdb)) {}
+
+  // Prepares the writer's statements and starts the thread. Returns "" or an error.
+  std::string start() {
+    const char* sqls[] = {
+        "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK",
+        "INSERT INTO resources(resource, generation, advanced_at_ms, advanced_by) VALUES(?1, ?2, ?3, ?4)"
+        " ON CONFLICT(resource) DO UPDATE SET generation = excluded.generation,"
+        " advanced_at_ms = excluded.advanced_at_ms, advanced_by = excluded.advanced_by"
+        " WHERE excluded.generation > resources.generation",
+        "INSERT INTO audit(time_ms, resource, decision, presented_generation, current_generation, method,"
+        " target, client, leader, mode, user_agent) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"};
+    sqlite3_stmt** outs[] = {&begin_, &commit_, &rollback_, &upsert_, &insert_audit_};
+    for (std::size_t i = 0; i < std::size(sqls); ++i)
+      if (sqlite3_prepare_v3(wdb_, sqls[i], -1, SQLITE_PREPARE_PERSISTENT, outs[i], nullptr) != SQLITE_OK)
+        return "cannot prepare statements on database " + path_ + ": " + sqlite3_errmsg(wdb_);
+    thread_ = std::thread([this] { run(); });
+    return {};
+  }
+
+  ~OwnedStore() override {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    // The reader first: the last connection to close checkpoints and removes the WAL, and only a
+    // read-write connection can do that.
+    reader_.reset();
+    for (auto* st : {begin_, commit_, rollback_, upsert_, insert_audit_}) sqlite3_finalize(st);
+    sqlite3_close_v2(wdb_);
+    ::close(lock_fd_);  // release ownership only after every connection is closed
+  }
+
+  std::vector<ResourceState> load_all() override {
+    std::lock_guard lk(read_mu_);
+    return reader_->load_all(nullptr);
+  }
+
+  void advance(std::string resource, std::int64_t generation, std::string leader, Done done) override {
+    Item it;
+    it.kind = Item::kAdvance;
+    it.resource = std::move(resource);
+    it.generation = generation;
+    it.leader = std::move(leader);
+    it.done = std::move(done);
+    enqueue(std::move(it));
+  }
+
+  void append_audit(AuditRow row, Done done) override {
+    if (row.time_ms == 0) row.time_ms = now_ms();
+    Item it;
+    it.kind = Item::kAudit;
+    it.row = std::move(row);
+    it.done = std::move(done);
+    enqueue(std::move(it));
+  }
+
+  std::vector<AuditRecord> query_audit(const AuditQuery& q, Status* status) override {
+    std::lock_guard lk(read_mu_);
+    return reader_->query_audit(q, status);
+  }
+
+  std::size_t queue_depth() const override { return pending_.load(std::memory_order_relaxed); }
+  void inject_commit_failure(bool on) override { inject_failure_.store(on); }
+  std::uint64_t commit_count() const override { return commits_.load(); }
+
+ private:
+  struct Item {
+    enum Kind { kAdvance, kAudit } kind = kAdvance;
+    std::string resource;  // advance
+    std::int64_t generation = 0;
+    std::string leader;
+    AuditRow row;  // audit
+    Done done;
+  };
+
+  void enqueue(Item it) {
+    {
+      std::lock_guard lk(mu_);
+      if (!stopping_) {
+        queue_.push_back(std::move(it));
+        pending_.fetch_add(1, std::memory_order_relaxed);
+        cv_.notify_one();
+        return;
+      }
+    }
+    if (it.done) it.done(Status::Error("store for database " + path_ + " is shutting down"));
+  }
+
+  void run() {
+    std::vector<Item> batch;
+    for (;;) {
+      {
+        std::unique_lock lk(mu_);
+        cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stopping and drained
+        batch.swap(queue_);          // both keep their capacity: no reallocation per batch
+      }
+      Status s = commit(batch);
+      if (s.ok()) commits_.fetch_add(1);
+      for (auto& it : batch) {
+        if (!it.done) continue;
+        try {
+          it.done(s);
+        } catch (...) {
+          // A throwing completion must not kill the store thread.
+        }
+      }
+      pending_.fetch_sub(batch.size(), std::memory_order_relaxed);
+      batch.clear();
+    }
+  }
+
+  // Runs `st` to completion. Returns false on error (message in *err).
+  bool step(sqlite3_stmt* st, std::string* err) {
+    int rc = sqlite3_step(st);
+    bool ok = rc == SQLITE_DONE || rc == SQLITE_ROW;
+    if (!ok) *err = sqlite3_errmsg(wdb_);
+    sqlite3_reset(st);
+    return ok;
+  }
+
+  // One transaction for the whole batch.
+  Status commit(std::vector<Item>& batch) {
+    std::string err;
+    if (!step(begin_, &err)) return Status::Error("store commit failed on " + path_ + ": " + err);
+    const std::int64_t now = now_ms();
+    bool ok = true;
+    for (auto& it : batch) {
+      sqlite3_stmt* st;
+      if (it.kind == Item::kAdvance) {
+        st = upsert_;
+        bind_text(st, 1, it.resource);
+        sqlite3_bind_int64(st, 2, it.generation);
+        sqlite3_bind_int64(st, 3, now);
+        bind_text(st, 4, it.leader);
+      } else {
+        st = insert_audit_;
+        const AuditRow& r = it.row;
+        sqlite3_bind_int64(st, 1, r.time_ms);
+        bind_text(st, 2, r.resource);
+        bind_text(st, 3, r.decision);
+        sqlite3_bind_int64(st, 4, r.presented_generation);
+        sqlite3_bind_int64(st, 5, r.current_generation);
+        bind_text(st, 6, r.method);
+        bind_text(st, 7, r.target);
+        bind_text(st, 8, r.client);
+        bind_text(st, 9, r.leader);
+        bind_text(st, 10, r.mode);
+        bind_text(st, 11, r.user_agent);
+      }
+      ok = step(st, &err);
+      sqlite3_clear_bindings(st);
+      if (!ok) break;
+    }
+    if (ok && inject_failure_.load()) {
+      ok = false;
+      err = "disk I/O error (injected commit failure)";
+    }
+    if (ok) ok = step(commit_, &err);
+    if (ok) return Status::OK();
+    // A failed COMMIT may leave the transaction open; roll back so the next batch starts clean.
+    if (!sqlite3_get_autocommit(wdb_)) {
+      std::string ignored;
+      step(rollback_, &ignored);
+    }
+    return Status::Error("store commit failed on " + path_ + ": " + err);
+  }
+
+  // Constant after construction
+  const std::string path_;
+  const int lock_fd_;
+  sqlite3* const wdb_;  // used only by the store thread after start()
+  sqlite3_stmt* begin_ = nullptr;
+  sqlite3_stmt* commit_ = nullptr;
+  sqlite3_stmt* rollback_ = nullptr;
+  sqlite3_stmt* upsert_ = nullptr;
+  sqlite3_stmt* insert_audit_ = nullptr;
+  std::thread thread_;
+
+  // Guarded by read_mu_
+  std::mutex read_mu_;
+  std::unique_ptr<Reader> reader_;
+
+  // Guarded by mu_
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Item> queue_;
+  bool stopping_ = false;
+
+  std::atomic<std::size_t> pending_{0};
+  std::atomic<std::uint64_t> commits_{0};
+  std::atomic<bool> inject_failure_{false};
+};
+
+// ---- Read-only store: one read connection, no lock file, no thread. ----
+
+class ReadOnlyStore final : public Store {
+ public:
+  ReadOnlyStore(std::string path, sqlite3* db) : path_(std::move(path)), reader_(db) {}
+
+  std::vector<ResourceState> load_all() override {
+    std::lock_guard lk(mu_);
+    return reader_.load_all(nullptr);
+  }
+  void advance(std::string, std::int64_t, std::string, Done done) override { refuse(done); }
+  void append_audit(AuditRow, Done done) override { refuse(done); }
+  std::vector<AuditRecord> query_audit(const AuditQuery& q, Status* status) override {
+    std::lock_guard lk(mu_);
+    return reader_.query_audit(q, status);
+  }
+  std::size_t queue_depth() const override { return 0; }
+  void inject_commit_failure(bool) override {}
+
+ private:
+  void refuse(const Done& done) {
+    if (done) done(Status::Error("database " + path_ + " is open read-only; writes are refused"));
+  }
+
+  const std::string path_;
+  std::mutex mu_;
+  Reader reader_;  // guarded by mu_
+};
+
+// Takes the ownership lock. Returns the fd, or -1 with *error set.
+int take_lock(const std::string& path, std::string* error) {
+  const std::string lock_path = path + ".lock";
+  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    int e = errno;
+    std::string dir = parent_dir(path);
+    if (e == ENOENT && !is_dir(dir))
+      *error = "cannot open database " + path + ": directory " + dir + " does not exist";
+    else
+      *error = "cannot open database " + path + ": cannot create lock file " + lock_path + ": " + std::strerror(e);
+    return -1;
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    ::close(fd);
+    if (e == EWOULDBLOCK)
+      *error = "database " + path + " is already owned by another fencegate (lock file " + lock_path +
+               " is held)";
+    else
+      *error = "cannot lock " + lock_path + " for database " + path + ": " + std::strerror(e);
+    return -1;
+  }
+  return fd;
+}
+
+// Sets up the writer connection: WAL, synchronous=FULL, schema. Returns "" or an error.
+std::string prepare_writer(sqlite3* db, const std::string& path) {
+  if (auto e = probe(db, path); !e.empty()) return e;
+  sqlite3_stmt* st = nullptr;
+  std::string mode;
+  if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, nullptr) == SQLITE_OK &&
+      sqlite3_step(st) == SQLITE_ROW)
+    mode = col_text(st, 0);
+  sqlite3_finalize(st);
+  if (mode != "wal")
+    return "cannot switch database " + path + " to WAL mode: " + (mode.empty() ? sqlite3_errmsg(db) : mode);
+  if (auto e = exec(db, "PRAGMA synchronous = FULL"); !e.empty())
+    return "cannot set synchronous=FULL on database " + path + ": " + e;
+  return migrate(db, path);
+}
+
+// Checks a read-only connection sees a schema this binary understands. Returns "" or an error.
+std::string check_readable(sqlite3* db, const std::string& path) {
+  if (auto e = probe(db, path); !e.empty()) return e;
+  std::int64_t version = 0;
+  std::string msg;
+  if (!query_int(db, "PRAGMA user_version", &version, &msg)) return "cannot read database " + path + ": " + msg;
+  if (version > Store::kSchemaVersion)
+    return "database " + path + " has schema version " + std::to_string(version) +
+           ", newer than this fencegate supports (" + std::to_string(Store::kSchemaVersion) + ")";
+  if (version < Store::kSchemaVersion)
+    return "database " + path + " has schema version " + std::to_string(version) +
+           "; open it once with fencegate (read-write) to create or migrate the schema";
+  return {};
+}
+
+}  // namespace
+
+std::unique_ptr<Store> Store::open(const std::string& path, std::string* error) {
+  std::string ignored;
+  if (!error) error = &ignored;
+  int fd = take_lock(path, error);
+  if (fd < 0) return nullptr;
+  sqlite3* wdb = open_db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, error);
+  if (!wdb) {
+    ::close(fd);
+    return nullptr;
+  }
+  if (auto e = prepare_writer(wdb, path); !e.empty()) {
+    *error = e;
+    sqlite3_close_v2(wdb);
+    ::close(fd);
+    return nullptr;
+  }
+  sqlite3* rdb = open_db(path, SQLITE_OPEN_READONLY, error);
+  if (!rdb) {
+    sqlite3_close_v2(wdb);
+    ::close(fd);
+    return nullptr;
+  }
+  // From here the store owns fd and both connections.
+  auto store = std::make_unique<OwnedStore>(path, fd, wdb, rdb);
+  if (auto e = store->start(); !e.empty()) {
+    *error = e;
+    return nullptr;
+  }
+  return store;
+}
+
+std::unique_ptr<Store> Store::open_readonly(const std::string& path, std::string* error) {
+  std::string ignored;
+  if (!error) error = &ignored;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    *error = "cannot open database " + path + " read-only: " + std::strerror(errno);
+    return nullptr;
+  }
+  sqlite3* db = open_db(path, SQLITE_OPEN_READONLY, error);
+  if (!db) return nullptr;
+  if (auto e = check_readable(db, path); !e.empty()) {
+    *error = e;
+    sqlite3_close_v2(db);
+    return nullptr;
+  }
+  return std::make_unique<ReadOnlyStore>(path, db);
+}
+
+}  // namespace fencegate::store

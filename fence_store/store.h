@@ -74,7 +74,7 @@ class Store {
 
   // Opens (creating if needed) and migrates the database, takes ownership and starts the store
   // thread. Returns nullptr and sets *error (a sentence for the operator) on failure, e.g.
-  // "database ./fence.db is owned by another fencegate (lock ./fence.db.lock held)".
+  // "database ./fence.db is already owned by another fencegate (lock file ./fence.db.lock is held)".
   static std::unique_ptr<Store> open(const std::string& path, std::string* error);
 
   // Opens read-only, without taking ownership (for audit queries while a sidecar runs).
@@ -97,8 +97,13 @@ class Store {
   // Reads audit rows, newest first (by id). Thread-safe; uses its own read connection.
   virtual std::vector<AuditRecord> query_audit(const AuditQuery& q, Status* status) = 0;
 
-  // Number of items waiting for the store thread.
+  // Number of items waiting for the store thread (queued or in the batch being committed; an item
+  // leaves the count once its completion has run).
   virtual std::size_t queue_depth() const = 0;
+
+  // Number of batches (transactions, one fsync each) committed successfully so far. For metrics
+  // (fencegate_store_commits_total) and group-commit tests. Read-only stores report 0.
+  virtual std::uint64_t commit_count() const { return 0; }
 
   // Test hook: while set, every commit fails as a real I/O error would (for fail-closed tests).
   virtual void inject_commit_failure(bool on) = 0;
