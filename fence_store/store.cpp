@@ -524,6 +524,8 @@ int take_lock(const std::string& path, std::string* error) {
 // Sets up the writer connection: WAL, synchronous=FULL, schema. Returns "" or an error.
 std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (auto e = probe(db, path); !e.empty()) return e;
+  if (sqlite3_db_readonly(db, "main") == 1)  // SQLite quietly falls back to read-only on a 0444 file
+    return "cannot open database " + path + " for writing: the file is not writable by this process";
   sqlite3_stmt* st = nullptr;
   std::string mode;
   if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, nullptr) == SQLITE_OK &&

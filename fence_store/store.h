@@ -93,6 +93,8 @@ class Store {
   // Appends an audit row. If `done` is set it runs after the row's batch is durable (or failed);
   // if empty the row is written with the next batch, fire and forget.
   virtual void append_audit(AuditRow row, Done done) = 0;
+  // Both write methods refuse at once, running `done` on the caller's thread with an error, on a
+  // read-only store or one being destroyed.
 
   // Reads audit rows, newest first (by id). Thread-safe; uses its own read connection.
   virtual std::vector<AuditRecord> query_audit(const AuditQuery& q, Status* status) = 0;

@@ -260,6 +260,13 @@ TEST_CASE("open errors are sentences naming the path") {
   CHECK(err.find("not a database") != std::string::npos);
   CHECK(Store::open_readonly(junk, &err) == nullptr);
   CHECK(err.find("not a database") != std::string::npos);
+
+  { auto s = must_open(t.db()); }
+  fs::permissions(t.db(), fs::perms::owner_read, fs::perm_options::replace);
+  if (::access(t.db().c_str(), W_OK) != 0) {  // root can write anyway; then there is nothing to test
+    CHECK(Store::open(t.db(), &err) == nullptr);
+    CHECK(err == "cannot open database " + t.db() + " for writing: the file is not writable by this process");
+  }
 }
 
 TEST_CASE("a database with a newer schema version is refused") {
