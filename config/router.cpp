@@ -1,0 +1,254 @@
+#include "config/router.h"
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+namespace fencegate::config {
+
+namespace {
+
+constexpr std::size_t kMaxResourceTemplate = 200;
+
+bool is_capture_char(char c) {
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '~' || c == '-';
+}
+
+bool is_name_start(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; }
+bool is_name_char(char c) { return is_name_start(c) || (c >= '0' && c <= '9'); }
+
+bool is_valid_name(std::string_view s) {
+  if (s.empty() || !is_name_start(s[0])) return false;
+  return std::all_of(s.begin() + 1, s.end(), is_name_char);
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Returns an empty string if `target` is an unambiguous origin-form target, else why not.
+std::string check_target(std::string_view target) {
+  if (target.empty() || target[0] != '/') {
+    return "request target must be origin-form (start with \"/\")";
+  }
+  for (char ch : target) {
+    auto c = static_cast<unsigned char>(ch);
+    if (c < 0x21 || c >= 0x7f) return "control character, space or non-ASCII byte in target";
+    if (c == '#') return "fragment ('#') in target";
+  }
+  std::string_view path = target.substr(0, target.find('?'));
+  if (path.find('\\') != std::string_view::npos) return "backslash in path";
+
+  // Segments: path is "/" seg ("/" seg)*; the first segment starts after the leading '/'.
+  std::size_t pos = 1;
+  while (pos <= path.size()) {
+    std::size_t end = path.find('/', pos);
+    if (end == std::string_view::npos) end = path.size();
+    std::string_view seg = path.substr(pos, end - pos);
+    bool last = end == path.size();
+    if (seg.empty() && !last) return "empty path segment (\"//\")";
+    if (seg == "." || seg == "..") return "dot segment (\".\" or \"..\") in path";
+    pos = end + 1;
+  }
+
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (path[i] != '%') continue;
+    int hi = i + 2 < path.size() ? hex_value(path[i + 1]) : -1;
+    int lo = i + 2 < path.size() ? hex_value(path[i + 2]) : -1;
+    if (hi < 0 || lo < 0) return "invalid percent-encoding in path";
+    int b = hi * 16 + lo;
+    if (b == '/' || b == '\\' || b == '.' || b == '%' || b < 0x20 || b == 0x7f) {
+      return "percent-encoded '/', '\\', '.', '%' or control byte in path (" +
+             std::string(path.substr(i, 3)) + ")";
+    }
+    i += 2;
+  }
+  return {};
+}
+
+struct Part {
+  bool capture = false;
+  std::string text;  // literal text, or the capture name
+};
+
+// Splits a prefix template into literal and capture parts. Returns an empty string if fine.
+std::string parse_prefix(std::string_view prefix, std::vector<Part>& parts) {
+  std::set<std::string, std::less<>> names;
+  std::string literal;
+  for (std::size_t i = 0; i < prefix.size(); ++i) {
+    char c = prefix[i];
+    if (c == '}') return "prefix: unbalanced '}'";
+    if (c != '{') {
+      literal += c;
+      continue;
+    }
+    std::size_t close = prefix.find('}', i);
+    if (close == std::string_view::npos) return "prefix: unbalanced '{'";
+    std::string_view name = prefix.substr(i + 1, close - i - 1);
+    if (name.find('{') != std::string_view::npos) return "prefix: unbalanced '{'";
+    if (!is_valid_name(name)) {
+      return "prefix: bad capture name \"" + std::string(name) + "\" (want [A-Za-z_][A-Za-z0-9_]*)";
+    }
+    if (i == 0 || prefix[i - 1] != '/' || (close + 1 < prefix.size() && prefix[close + 1] != '/')) {
+      return "prefix: capture {" + std::string(name) + "} must be a whole path segment";
+    }
+    if (!names.emplace(name).second) return "prefix: duplicate capture {" + std::string(name) + "}";
+    if (!literal.empty()) parts.push_back({false, std::move(literal)});
+    literal.clear();
+    parts.push_back({true, std::string(name)});
+    i = close;
+  }
+  if (!literal.empty()) parts.push_back({false, std::move(literal)});
+  return {};
+}
+
+struct Capture {
+  std::string_view name;
+  std::string_view value;
+};
+
+}  // namespace
+
+std::string check_route_template(const Route& r) {
+  if (r.prefix.empty() || r.prefix[0] != '/') return "prefix: must start with \"/\"";
+  std::vector<Part> parts;
+  if (auto err = parse_prefix(r.prefix, parts); !err.empty()) return err;
+
+  // The literal text must itself be an unambiguous path, or no request could ever match it.
+  std::string sample;
+  for (const Part& p : parts) sample += p.capture ? "x" : p.text;
+  if (sample.find('?') != std::string::npos) return "prefix: must not contain '?'";
+  if (auto err = check_target(sample); !err.empty()) return "prefix: " + err;
+
+  const std::string& res = r.resource;
+  if (res.empty()) return "resource: must not be empty";
+  if (res.size() > kMaxResourceTemplate) {
+    return "resource: longer than " + std::to_string(kMaxResourceTemplate) + " characters";
+  }
+  for (std::size_t i = 0; i < res.size(); ++i) {
+    char c = res[i];
+    if (c == '}') return "resource: unbalanced '}'";
+    if (c != '{') {
+      if (!is_capture_char(c) && c != ':') {
+        return "resource: character '" + std::string(1, c) +
+               "' not allowed (use [A-Za-z0-9._~:-] and {captures})";
+      }
+      continue;
+    }
+    std::size_t close = res.find('}', i);
+    if (close == std::string::npos) return "resource: unbalanced '{'";
+    std::string_view name = std::string_view(res).substr(i + 1, close - i - 1);
+    if (name.find('{') != std::string_view::npos) return "resource: unbalanced '{'";
+    if (!is_valid_name(name)) return "resource: bad capture name \"" + std::string(name) + "\"";
+    bool defined = std::any_of(parts.begin(), parts.end(),
+                               [&](const Part& p) { return p.capture && p.text == name; });
+    if (!defined) {
+      return "resource: uses {" + std::string(name) + "}, which the prefix does not capture";
+    }
+    i = close;
+  }
+  return {};
+}
+
+struct Router::Compiled {
+  std::vector<Part> parts;
+  std::size_t captures = 0;
+  std::size_t index = 0;  // position in the configured routes
+};
+
+Router::Router(const std::vector<Route>& routes) : routes_(&routes) {
+  compiled_.reserve(routes.size());
+  for (std::size_t i = 0; i < routes.size(); ++i) {
+    Compiled c;
+    parse_prefix(routes[i].prefix, c.parts);  // validated already
+    c.captures = static_cast<std::size_t>(
+        std::count_if(c.parts.begin(), c.parts.end(), [](const Part& p) { return p.capture; }));
+    c.index = i;
+    compiled_.push_back(std::move(c));
+  }
+  // Kept in configuration order: the matched length depends on the captured values, so the
+  // "most specific" route is chosen per request in match().
+}
+
+Router::~Router() = default;
+Router::Router(Router&&) noexcept = default;
+Router& Router::operator=(Router&&) noexcept = default;
+
+Router::Match Router::match(std::string_view target) const {
+  Match m;
+  if (std::string err = check_target(target); !err.empty()) {
+    m.outcome = Outcome::bad_target;
+    m.reason = std::move(err);
+    return m;
+  }
+  std::string_view path = target.substr(0, target.find('?'));
+
+  const Compiled* best = nullptr;
+  std::size_t best_len = 0;
+  std::vector<Capture> best_caps;
+  std::vector<Capture> caps;
+  for (const Compiled& c : compiled_) {
+    caps.clear();
+    std::size_t pos = 0;
+    bool ok = true;
+    for (const Part& p : c.parts) {
+      if (!p.capture) {
+        if (path.substr(pos).substr(0, p.text.size()) != p.text) {
+          ok = false;
+          break;
+        }
+        pos += p.text.size();
+        continue;
+      }
+      std::size_t end = path.find('/', pos);
+      if (end == std::string_view::npos) end = path.size();
+      std::string_view seg = path.substr(pos, end - pos);
+      if (seg.empty()) {
+        ok = false;
+        break;
+      }
+      if (!std::all_of(seg.begin(), seg.end(), is_capture_char)) {
+        // Falling through to a shorter prefix would fence this request under another resource
+        // while the upstream may decode the segment into this route's tenant: refuse instead.
+        m.outcome = Outcome::bad_target;
+        m.reason = "path segment for {" + p.text + "} in route \"" + (*routes_)[c.index].prefix +
+                   "\" may only contain [A-Za-z0-9._~-]";
+        return m;
+      }
+      caps.push_back({p.text, seg});
+      pos = end;
+    }
+    if (!ok) continue;
+    if (best == nullptr || pos > best_len || (pos == best_len && c.captures < best->captures)) {
+      best = &c;
+      best_len = pos;
+      best_caps = caps;
+    }
+  }
+  if (best == nullptr) return m;  // no_route
+
+  const Route& route = (*routes_)[best->index];
+  std::string& out = m.resource;
+  const std::string& tpl = route.resource;
+  for (std::size_t i = 0; i < tpl.size(); ++i) {
+    if (tpl[i] != '{') {
+      out += tpl[i];
+      continue;
+    }
+    std::size_t close = tpl.find('}', i);
+    std::string_view name = std::string_view(tpl).substr(i + 1, close - i - 1);
+    for (const Capture& cap : best_caps) {
+      if (cap.name == name) out += cap.value;
+    }
+    i = close;
+  }
+  m.outcome = Outcome::matched;
+  m.route = &route;
+  return m;
+}
+
+}  // namespace fencegate::config
