@@ -1,0 +1,743 @@
+#include "config/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "config/router.h"
+
+namespace fencegate::config {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string quote(std::string_view s) { return "\"" + std::string(s) + "\""; }
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+// RFC 9110 token (header field names, methods).
+bool is_token(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+              std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
+    if (!ok || c == '\0') return false;
+  }
+  return true;
+}
+
+bool is_upper_method(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= 'A' && c <= 'Z'; });
+}
+
+// Parses "host:port", "[v6]:port". With default_port, the ":port" part is optional.
+// Returns an empty string on success, else the reason.
+std::string parse_endpoint(std::string_view s, Endpoint& out, int default_port = 0) {
+  const std::string expected = default_port ? "expected \"host[:port]\"" : "expected \"host:port\"";
+  std::string host;
+  std::string_view rest;
+  if (!s.empty() && s[0] == '[') {
+    std::size_t close = s.find(']');
+    if (close == std::string_view::npos || close == 1) return expected + " (got " + quote(s) + ")";
+    host = std::string(s.substr(1, close - 1));
+    for (char c : host) {
+      bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') ||
+                c == ':' || c == '.';
+      if (!ok) return "bad IPv6 address " + quote(host);
+    }
+    rest = s.substr(close + 1);
+  } else {
+    std::size_t colon = s.rfind(':');
+    host = std::string(s.substr(0, colon));
+    rest = colon == std::string_view::npos ? std::string_view() : s.substr(colon);
+    if (host.empty() || host.find(':') != std::string::npos) {
+      return expected + " (got " + quote(s) + ")";
+    }
+    for (char c : host) {
+      bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                c == '.' || c == '-' || c == '_';
+      if (!ok) return "bad host name " + quote(host);
+    }
+  }
+  int port = default_port;
+  if (!rest.empty()) {
+    if (rest[0] != ':') return expected + " (got " + quote(s) + ")";
+    std::string_view digits = rest.substr(1);
+    auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+    if (digits.empty() || digits.size() > 5 || ec != std::errc() ||
+        ptr != digits.data() + digits.size() || port < 1 || port > 65535) {
+      return "port must be between 1 and 65535 (got " + quote(digits) + ")";
+    }
+  } else if (default_port == 0) {
+    return expected + " (got " + quote(s) + ")";
+  }
+  out.host = std::move(host);
+  out.port = static_cast<std::uint16_t>(port);
+  return {};
+}
+
+// Parses "http://host[:port][/]". Returns an empty string on success, else the reason.
+std::string parse_upstream(std::string_view url, Endpoint& out) {
+  std::string l = lower(url);
+  if (l.rfind("https://", 0) == 0) return "only http:// upstreams are supported (got " + quote(url) + ")";
+  if (l.rfind("http://", 0) != 0) return "expected \"http://host[:port]\" (got " + quote(url) + ")";
+  std::string_view rest = url.substr(7);
+  if (rest.find('@') != std::string_view::npos) return "userinfo (\"user@\") is not allowed";
+  if (rest.find_first_of("?#") != std::string_view::npos) {
+    return "a query or fragment is not allowed (got " + quote(url) + ")";
+  }
+  std::size_t slash = rest.find('/');
+  if (slash != std::string_view::npos && slash + 1 != rest.size()) {
+    return "a path is not supported; requests are forwarded with their own path (got " + quote(url) + ")";
+  }
+  return parse_endpoint(rest.substr(0, slash), out, 80);
+}
+
+// --- Field tables: one row per scalar setting, shared by the JSON, env and flag loaders. ---
+
+struct NumField {
+  const char* key;  // JSON key; flag is "--" + key with '-' for '_'; env is FENCEGATE_ + KEY
+  std::int64_t min;
+  std::int64_t max;
+  std::int64_t (*get)(const Config&);
+  void (*set)(Config&, std::int64_t);
+  const char* help;
+};
+
+constexpr std::int64_t kMaxMs = 86'400'000;
+
+#define FG_SIZE_FIELD(name, lo, hi, help)                                                 \
+  NumField {                                                                              \
+    #name, lo, hi, [](const Config& c) { return static_cast<std::int64_t>(c.name); },     \
+        [](Config& c, std::int64_t v) { c.name = static_cast<decltype(c.name)>(v); }, help \
+  }
+#define FG_MS_FIELD(name, help)                                                                   \
+  NumField {                                                                                      \
+    #name "_ms", 1, kMaxMs, [](const Config& c) { return static_cast<std::int64_t>(c.name.count()); }, \
+        [](Config& c, std::int64_t v) { c.name = std::chrono::milliseconds(v); }, help            \
+  }
+
+const NumField kNumFields[] = {
+    FG_SIZE_FIELD(threads, 1, 256, "I/O threads; 0 means one per hardware thread"),
+    FG_SIZE_FIELD(max_connections, 1, 1'000'000, "concurrent client connections"),
+    FG_SIZE_FIELD(max_header_bytes, 1024, 1024 * 1024, "request line + headers; over -> 431"),
+    FG_SIZE_FIELD(max_body_bytes, 1, INT64_MAX, "request body; over -> 413"),
+    FG_SIZE_FIELD(max_resources, 1, 100'000'000, "distinct fenced resources held in memory"),
+    FG_SIZE_FIELD(max_leader_bytes, 1, 4096, "longest accepted leader header value"),
+    FG_SIZE_FIELD(upstream_idle_per_thread, 0, 100'000, "pooled idle upstream connections per thread"),
+    FG_MS_FIELD(header_timeout, "time to receive a request head; over -> 408"),
+    FG_MS_FIELD(idle_timeout, "keep-alive idle time between requests"),
+    FG_MS_FIELD(body_timeout, "time without request body progress"),
+    FG_MS_FIELD(upstream_connect_timeout, "upstream connect; over -> 502"),
+    FG_MS_FIELD(upstream_timeout, "time without upstream progress; over -> 504"),
+    FG_MS_FIELD(drain_timeout, "shutdown: wait for in-flight requests"),
+};
+
+#undef FG_SIZE_FIELD
+#undef FG_MS_FIELD
+
+std::string range_error(const NumField& f, std::string_view got) {
+  return "must be an integer between " + std::to_string(f.min) + " and " + std::to_string(f.max) +
+         " (got " + std::string(got) + ")";
+}
+
+// Sets a numeric field; threads also accepts 0 ("hardware threads"). Returns the reason on failure.
+std::string set_num(Config& c, const NumField& f, std::int64_t v, std::string_view got) {
+  bool auto_threads = std::strcmp(f.key, "threads") == 0 && v == 0;
+  if (!auto_threads && (v < f.min || v > f.max)) return range_error(f, got);
+  f.set(c, v);
+  return {};
+}
+
+std::string set_num_text(Config& c, const NumField& f, std::string_view text) {
+  std::int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+    return range_error(f, quote(text));
+  }
+  return set_num(c, f, v, text);
+}
+
+std::string check_log_level(std::string_view s) {
+  if (s == "debug" || s == "info" || s == "warn" || s == "error") return {};
+  return "must be one of debug, info, warn, error (got " + quote(s) + ")";
+}
+
+std::string check_header_name(std::string_view s) {
+  if (is_token(s) && s.size() <= 256) return {};
+  return "must be a valid HTTP header name (got " + quote(s) + ")";
+}
+
+struct StrField {
+  const char* key;
+  std::string (*set)(Config&, std::string_view);  // returns the reason on failure
+  std::string (*get)(const Config&);
+  const char* help;
+};
+
+const StrField kStrFields[] = {
+    {"listen",
+     [](Config& c, std::string_view v) { return parse_endpoint(v, c.listen); },
+     [](const Config& c) { return c.listen.to_string(); }, "address to listen on, host:port"},
+    {"db",
+     [](Config& c, std::string_view v) -> std::string {
+       if (v.empty()) return "must not be empty";
+       c.db = v;
+       return {};
+     },
+     [](const Config& c) { return c.db; }, "SQLite fence store path"},
+    {"token_header",
+     [](Config& c, std::string_view v) -> std::string {
+       if (auto e = check_header_name(v); !e.empty()) return e;
+       c.token_header = v;
+       return {};
+     },
+     [](const Config& c) { return c.token_header; }, "request header carrying the fencing token"},
+    {"leader_header",
+     [](Config& c, std::string_view v) -> std::string {
+       if (auto e = check_header_name(v); !e.empty()) return e;
+       c.leader_header = v;
+       return {};
+     },
+     [](const Config& c) { return c.leader_header; }, "request header naming the leader"},
+    {"log_level",
+     [](Config& c, std::string_view v) -> std::string {
+       if (auto e = check_log_level(v); !e.empty()) return e;
+       c.log_level = v;
+       return {};
+     },
+     [](const Config& c) { return c.log_level; }, "debug, info, warn or error"},
+};
+
+std::string flag_of(std::string_view key) {
+  std::string f = "--" + std::string(key);
+  std::replace(f.begin(), f.end(), '_', '-');
+  return f;
+}
+
+std::string env_of(std::string_view key) {
+  std::string e = "FENCEGATE_" + std::string(key);
+  for (char& c : e) {
+    if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+  }
+  return e;
+}
+
+const char* const kRouteKeys[] = {"prefix", "upstream", "resource", "mode", "write_methods", "fence_reads"};
+
+std::string mode_error(std::string_view got) {
+  return "must be one of enforce, observe, off (got " + quote(got) + ")";
+}
+
+// Reports duplicate object keys, which nlohmann would otherwise resolve silently (last wins).
+class DuplicateKeyFinder {
+ public:
+  explicit DuplicateKeyFinder(std::vector<std::string>& errors) : errors_(&errors) {}
+
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start: {
+        std::string path;
+        if (!stack_.empty()) {
+          Frame& parent = stack_.back();
+          path = parent.array ? parent.path + "[" + std::to_string(parent.next_index++) + "]"
+                              : join(parent.path, parent.last_key);
+        }
+        stack_.push_back({event == json::parse_event_t::array_start, std::move(path), {}, {}, 0});
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!stack_.empty()) stack_.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!stack_.empty() && parsed.is_string()) {
+          Frame& top = stack_.back();
+          top.last_key = parsed.get<std::string>();
+          if (!top.keys.insert(top.last_key).second) {
+            errors_->push_back(join(top.path, top.last_key) + ": duplicate key");
+          }
+        }
+        break;
+      case json::parse_event_t::value:
+        if (!stack_.empty() && stack_.back().array) ++stack_.back().next_index;
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool array;
+    std::string path;
+    std::set<std::string> keys;
+    std::string last_key;
+    std::size_t next_index;
+  };
+  static std::string join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+  std::vector<std::string>* errors_;
+  std::vector<Frame> stack_;
+};
+
+std::string got(const json& j) { return j.dump(); }
+
+bool get_string(const json& j, const std::string& path, std::string& out,
+                std::vector<std::string>& errors) {
+  if (!j.is_string()) {
+    errors.push_back(path + ": must be a string (got " + got(j) + ")");
+    return false;
+  }
+  out = j.get<std::string>();
+  return true;
+}
+
+Route parse_route(const json& j, const std::string& path, std::vector<std::string>& errors) {
+  Route r;
+  if (!j.is_object()) {
+    errors.push_back(path + ": must be an object (got " + got(j) + ")");
+    return r;
+  }
+  for (const auto& [key, v] : j.items()) {
+    std::string fp = path + "." + key;
+    std::string s;
+    if (key == "prefix") {
+      get_string(v, fp, r.prefix, errors);
+    } else if (key == "upstream") {
+      get_string(v, fp, r.upstream, errors);
+    } else if (key == "resource") {
+      get_string(v, fp, r.resource, errors);
+    } else if (key == "mode") {
+      if (get_string(v, fp, s, errors)) {
+        if (auto m = parse_mode(s)) {
+          r.mode = *m;
+        } else {
+          errors.push_back(fp + ": " + mode_error(s));
+        }
+      }
+    } else if (key == "write_methods") {
+      if (!v.is_array()) {
+        errors.push_back(fp + ": must be an array of method names (got " + got(v) + ")");
+        continue;
+      }
+      r.write_methods.clear();
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (get_string(v[i], fp + "[" + std::to_string(i) + "]", s, errors)) r.write_methods.push_back(s);
+      }
+    } else if (key == "fence_reads") {
+      if (v.is_boolean()) {
+        r.fence_reads = v.get<bool>();
+      } else {
+        errors.push_back(fp + ": must be true or false (got " + got(v) + ")");
+      }
+    } else {
+      errors.push_back(fp + ": unknown key");
+    }
+  }
+  return r;
+}
+
+// Reads the JSON document into `c` without validating the whole. Returns false if the document
+// could not be parsed at all (then validating would only add noise).
+bool parse_json_into(Config& c, std::string_view text, std::string_view source,
+                     std::vector<std::string>& errors) {
+  json doc;
+  std::vector<std::string> dup_errors;
+  try {
+    doc = json::parse(text.begin(), text.end(), DuplicateKeyFinder(dup_errors));
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (auto p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos) {
+      what = what.substr(p + 2);
+    }
+    errors.push_back(std::string(source) + ": invalid JSON (byte " + std::to_string(e.byte) +
+                     "): " + what);
+    return false;
+  }
+  if (!doc.is_object()) {
+    errors.push_back(std::string(source) + ": must be a JSON object (got " + std::string(doc.type_name()) + ")");
+    return false;
+  }
+  errors.insert(errors.end(), dup_errors.begin(), dup_errors.end());
+
+  for (const auto& [key, v] : doc.items()) {
+    if (key == "routes") {
+      if (!v.is_array()) {
+        errors.push_back("routes: must be an array of route objects (got " + got(v) + ")");
+        continue;
+      }
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        c.routes.push_back(parse_route(v[i], "routes[" + std::to_string(i) + "]", errors));
+      }
+      continue;
+    }
+    auto num = std::find_if(std::begin(kNumFields), std::end(kNumFields),
+                            [&](const NumField& f) { return key == f.key; });
+    if (num != std::end(kNumFields)) {
+      std::string err;
+      if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX)) {
+        err = set_num(c, *num, v.get<std::int64_t>(), got(v));
+      } else {
+        err = range_error(*num, got(v));
+      }
+      if (!err.empty()) errors.push_back(key + ": " + err);
+      continue;
+    }
+    auto str = std::find_if(std::begin(kStrFields), std::end(kStrFields),
+                            [&](const StrField& f) { return key == f.key; });
+    if (str != std::end(kStrFields)) {
+      std::string s;
+      if (get_string(v, key, s, errors)) {
+        if (auto err = str->set(c, s); !err.empty()) errors.push_back(key + ": " + err);
+      }
+      continue;
+    }
+    errors.push_back(key + ": unknown key");
+  }
+  return true;
+}
+
+// Keeps only the first error for each field path ("routes[0].prefix: ..."), so a value that is
+// both mistyped and hence missing is reported once.
+void dedupe(std::vector<std::string>& errors) {
+  std::set<std::string> seen;
+  std::vector<std::string> out;
+  for (auto& e : errors) {
+    std::string field = e.substr(0, e.find(": "));
+    if (seen.insert(field).second) out.push_back(std::move(e));
+  }
+  errors = std::move(out);
+}
+
+LoadResult finish(Config c, std::vector<std::string> errors) {
+  LoadResult r;
+  dedupe(errors);
+  if (errors.empty()) {
+    r.config = std::move(c);
+  } else {
+    r.errors = std::move(errors);
+  }
+  return r;
+}
+
+const char* process_env(const char* name) { return std::getenv(name); }
+
+// Reads a whole file; returns an empty string on success, else the errno text.
+std::string read_file(const std::string& path, std::string& out) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return std::strerror(errno);
+  char buf[8192];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  std::string err = std::ferror(f) ? std::strerror(errno) : "";
+  std::fclose(f);
+  return err;
+}
+
+}  // namespace
+
+std::string_view to_string(Mode m) {
+  switch (m) {
+    case Mode::enforce: return "enforce";
+    case Mode::observe: return "observe";
+    case Mode::off: return "off";
+  }
+  return "?";
+}
+
+std::optional<Mode> parse_mode(std::string_view s) {
+  if (s == "enforce") return Mode::enforce;
+  if (s == "observe") return Mode::observe;
+  if (s == "off") return Mode::off;
+  return std::nullopt;
+}
+
+std::string Endpoint::to_string() const {
+  std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  return h + ":" + std::to_string(port);
+}
+
+bool Route::is_fenced(std::string_view method) const {
+  if (fence_reads) return true;
+  return std::find(write_methods.begin(), write_methods.end(), method) != write_methods.end();
+}
+
+void validate(Config& c, std::vector<std::string>& errors) {
+  if (c.listen.host.empty() || c.listen.port == 0) {
+    errors.push_back("listen: expected \"host:port\" (got " + quote(c.listen.to_string()) + ")");
+  }
+  if (c.db.empty()) errors.push_back("db: must not be empty");
+  if (c.threads == 0) c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (const NumField& f : kNumFields) {
+    std::int64_t v = f.get(c);
+    // Unsigned fields wrap a negative input to a huge value; show what was stored.
+    if (v < f.min || v > f.max) errors.push_back(std::string(f.key) + ": " + range_error(f, std::to_string(v)));
+  }
+  if (auto e = check_header_name(c.token_header); !e.empty()) errors.push_back("token_header: " + e);
+  if (auto e = check_header_name(c.leader_header); !e.empty()) errors.push_back("leader_header: " + e);
+  if (lower(c.token_header) == lower(c.leader_header)) {
+    errors.push_back("leader_header: must differ from token_header (both are " + quote(c.leader_header) + ")");
+  }
+  if (auto e = check_log_level(c.log_level); !e.empty()) errors.push_back("log_level: " + e);
+
+  if (c.routes.empty()) errors.push_back("routes: at least one route is required");
+  std::map<std::string, std::size_t> seen;  // prefix with capture names erased -> route index
+  for (std::size_t i = 0; i < c.routes.size(); ++i) {
+    Route& r = c.routes[i];
+    std::string name = "routes[" + std::to_string(i) + "]";
+    if (r.prefix.empty()) {
+      errors.push_back(name + ".prefix: required");
+    } else if (r.prefix[0] != '/') {
+      errors.push_back(name + ".prefix: must start with \"/\" (got " + quote(r.prefix) + ")");
+    } else if (auto e = check_route_template(r); !e.empty()) {
+      errors.push_back(name + "." + e);
+    } else {
+      std::string shape;
+      for (std::size_t p = 0; p < r.prefix.size(); ++p) {
+        if (r.prefix[p] == '{') {
+          shape += "{}";
+          p = r.prefix.find('}', p);
+        } else {
+          shape += r.prefix[p];
+        }
+      }
+      auto [it, fresh] = seen.emplace(shape, i);
+      if (!fresh) {
+        errors.push_back(name + ".prefix: same as routes[" + std::to_string(it->second) +
+                         "].prefix (" + quote(c.routes[it->second].prefix) + ")");
+      }
+    }
+    if (r.upstream.empty()) {
+      errors.push_back(name + ".upstream: required");
+    } else if (auto e = parse_upstream(r.upstream, r.upstream_addr); !e.empty()) {
+      errors.push_back(name + ".upstream: " + e);
+    }
+    if (r.write_methods.empty()) {
+      errors.push_back(name + ".write_methods: must list at least one method");
+    }
+    for (std::size_t m = 0; m < r.write_methods.size(); ++m) {
+      if (!is_upper_method(r.write_methods[m])) {
+        errors.push_back(name + ".write_methods[" + std::to_string(m) +
+                         "]: must be an upper-case HTTP method such as \"POST\" (got " +
+                         quote(r.write_methods[m]) + ")");
+      }
+    }
+  }
+}
+
+LoadResult load_json(std::string_view json_text, std::string_view source) {
+  Config c;
+  std::vector<std::string> errors;
+  if (parse_json_into(c, json_text, source, errors)) validate(c, errors);
+  return finish(std::move(c), std::move(errors));
+}
+
+LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
+  if (env == nullptr) env = process_env;
+  std::vector<std::string> errors;
+
+  // 1. Flags, by canonical name ("--threads" -> "10"); the last occurrence wins.
+  std::set<std::string> known = {"--config", "--upstream", "--resource", "--mode"};
+  for (const NumField& f : kNumFields) known.insert(flag_of(f.key));
+  for (const StrField& f : kStrFields) known.insert(flag_of(f.key));
+  std::map<std::string, std::string> flags;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      LoadResult r;
+      r.help = true;
+      return r;
+    }
+    if (a.rfind("--", 0) != 0) {
+      errors.push_back("unexpected argument " + quote(a) + " (flags look like --name value)");
+      continue;
+    }
+    std::size_t eq = a.find('=');
+    std::string name = a.substr(0, eq);
+    if (!known.count(name)) {
+      errors.push_back(name + ": unknown flag (see --help)");
+      continue;
+    }
+    if (eq != std::string::npos && eq + 1 < a.size()) {
+      flags[name] = a.substr(eq + 1);
+    } else if (eq != std::string::npos) {
+      errors.push_back(name + ": missing value");
+    } else if (i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0) {
+      flags[name] = args[++i];
+    } else {
+      errors.push_back(name + ": missing value");
+    }
+  }
+
+  // 2. Sources for one setting: the flag if given, else the environment variable if non-empty.
+  struct Given {
+    std::string source;  // "--threads" or "FENCEGATE_THREADS"
+    std::string value;
+  };
+  auto env_value = [&](std::string_view key) -> std::optional<Given> {
+    std::string var = env_of(key);
+    const char* v = env(var.c_str());
+    if (v == nullptr || *v == '\0') return std::nullopt;
+    return Given{var, v};
+  };
+  auto flag_value = [&](std::string_view key) -> std::optional<Given> {
+    std::string flag = flag_of(key);
+    auto it = flags.find(flag);
+    if (it == flags.end()) return std::nullopt;
+    return Given{flag, it->second};
+  };
+  auto chosen = [&](std::string_view key) {
+    auto f = flag_value(key);
+    return f ? f : env_value(key);
+  };
+
+  // 3. The file, if any.
+  Config c;
+  auto config_file = chosen("config");
+  bool parsed = true;
+  if (config_file) {
+    c.config_file = config_file->value;
+    std::string text;
+    if (std::string err = read_file(config_file->value, text); !err.empty()) {
+      errors.push_back(config_file->value + ": cannot read (" + err + ")");
+      parsed = false;
+    } else {
+      parsed = parse_json_into(c, text, config_file->value, errors);
+    }
+  }
+
+  // 4. Environment, then flags, over the file's values. Each error names where the value came from.
+  for (int pass = 0; pass < 2; ++pass) {
+    auto get = [&](std::string_view key) { return pass == 0 ? env_value(key) : flag_value(key); };
+    for (const NumField& f : kNumFields) {
+      if (auto g = get(f.key)) {
+        if (auto e = set_num_text(c, f, g->value); !e.empty()) errors.push_back(g->source + ": " + e);
+      }
+    }
+    for (const StrField& f : kStrFields) {
+      if (auto g = get(f.key)) {
+        if (auto e = f.set(c, g->value); !e.empty()) errors.push_back(g->source + ": " + e);
+      }
+    }
+  }
+
+  // 5. Routes: from the file, or the single catch-all route of the flag-only form.
+  auto upstream = chosen("upstream");
+  auto mode = chosen("mode");
+  auto resource = chosen("resource");
+  if (config_file) {
+    if (upstream) {
+      errors.push_back(upstream->source + ": cannot be combined with " + config_file->source +
+                       " (routes, and their upstreams, come from the config file)");
+    }
+    for (const auto& g : {mode, resource}) {
+      if (g) {
+        errors.push_back(g->source + ": cannot be combined with " + config_file->source +
+                         " (each route in the config file sets its own mode and resource)");
+      }
+    }
+  } else if (!upstream) {
+    errors.push_back("no upstream: give --upstream URL or --config FILE");
+    parsed = false;  // nothing to route to; validation would only repeat that
+  } else {
+    Route r;
+    r.prefix = "/";
+    r.upstream = upstream->value;
+    if (resource) r.resource = resource->value;
+    if (mode) {
+      if (auto m = parse_mode(mode->value)) {
+        r.mode = *m;
+      } else {
+        errors.push_back(mode->source + ": " + mode_error(mode->value));
+      }
+    }
+    c.routes.push_back(std::move(r));
+  }
+
+  if (parsed) {
+    std::size_t before = errors.size();
+    validate(c, errors);
+    if (!config_file) {
+      // The flag-only route's fields came from a flag or env variable: name that, not routes[0].
+      for (std::size_t i = before; i < errors.size(); ++i) {
+        for (const auto& [field, given] : {std::pair{"routes[0].upstream: ", upstream},
+                                           std::pair{"routes[0].resource: ", resource}}) {
+          std::string_view f = field;
+          if (given && errors[i].rfind(f, 0) == 0) {
+            errors[i] = given->source + ": " + errors[i].substr(f.size());
+          }
+        }
+      }
+    }
+  }
+  return finish(std::move(c), std::move(errors));
+}
+
+std::string serve_usage() {
+  const Config d;
+  std::ostringstream o;
+  o << "Usage: fencegate serve [--config FILE | --upstream URL] [flags]\n"
+       "\n"
+       "Runs the fencing proxy. Settings come from (highest first) flags, FENCEGATE_* environment\n"
+       "variables, the JSON config file, and built-in defaults. Flags take \"--flag value\" or\n"
+       "\"--flag=value\".\n"
+       "\n"
+       "Routing:\n"
+       "  --config FILE          JSON config file with routes and settings      env FENCEGATE_CONFIG\n"
+       "  --upstream URL         flag-only form: one route \"/\" to http://host[:port]\n"
+       "                                                                        env FENCEGATE_UPSTREAM\n"
+       "  --resource NAME        resource fenced by that route (default \"default\")\n"
+       "                                                                        env FENCEGATE_RESOURCE\n"
+       "  --mode MODE            enforce, observe or off (default enforce)      env FENCEGATE_MODE\n"
+       "  (--upstream, --resource and --mode cannot be combined with --config: the file's routes\n"
+       "   set them.)\n"
+       "\n"
+       "Settings (each also a JSON key of the same name with '_' for '-'):\n";
+  auto line = [&](const std::string& flag_arg, const std::string& help, const std::string& def,
+                  const std::string& env) {
+    o << "  " << flag_arg;
+    if (flag_arg.size() < 34) o << std::string(34 - flag_arg.size(), ' ');
+    o << help << " (default " << def << ")\n" << std::string(36, ' ') << "env " << env << "\n";
+  };
+  for (const StrField& f : kStrFields) {
+    line(flag_of(f.key) + " VALUE", f.help, quote(f.get(d)), env_of(f.key));
+  }
+  for (const NumField& f : kNumFields) {
+    std::string def = std::to_string(f.get(d));
+    if (std::strcmp(f.key, "threads") == 0) def = "0";
+    line(flag_of(f.key) + " N", std::string(f.help) + "; " + std::to_string(f.min) + ".." + std::to_string(f.max),
+         def, env_of(f.key));
+  }
+  o << "  -h, --help                        show this help\n"
+       "\n"
+       "JSON config file: an object with the keys above (listen, db, threads, ...) and \"routes\",\n"
+       "an array of {\"prefix\", \"upstream\", \"resource\", \"mode\", \"write_methods\", \"fence_reads\"}.\n"
+       "prefix and upstream are required; resource defaults to \"default\", mode to \"enforce\",\n"
+       "write_methods to [\"POST\",\"PUT\",\"PATCH\",\"DELETE\"], fence_reads to false. A prefix may\n"
+       "capture whole path segments, e.g. \"/tenants/{tenant}/\" with resource \"tenant-{tenant}\";\n"
+       "the longest matching prefix wins. Unknown keys are errors.\n"
+       "  {\"listen\": \"0.0.0.0:8080\", \"db\": \"/var/lib/fencegate/fence.db\",\n"
+       "   \"routes\": [{\"prefix\": \"/tenants/{tenant}/\", \"upstream\": \"http://127.0.0.1:9000\",\n"
+       "                \"resource\": \"tenant-{tenant}\"}]}\n";
+  return o.str();
+}
+
+}  // namespace fencegate::config

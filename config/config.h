@@ -33,7 +33,7 @@ struct Route {
   std::string prefix;      // as configured, e.g. "/tenants/{tenant}/"
   std::string upstream;    // as configured, e.g. "http://127.0.0.1:9000"
   Endpoint upstream_addr;  // parsed from upstream (only http:// is supported)
-  std::string resource;    // template, e.g. "tenant-{tenant}" (captures must exist in prefix)
+  std::string resource = "default";  // template, e.g. "tenant-{tenant}" (captures must exist in prefix)
   Mode mode = Mode::enforce;
   std::vector<std::string> write_methods{"POST", "PUT", "PATCH", "DELETE"};  // upper-case tokens
   bool fence_reads = false;

@@ -1,0 +1,481 @@
+// Config loading: what an operator sees from `fencegate serve` flags, FENCEGATE_* env and JSON files.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config/config.h"
+
+using namespace fencegate::config;
+
+namespace {
+
+// Injected environment: tests set g_env and pass fake_env to load_serve.
+std::map<std::string, std::string> g_env;
+const char* fake_env(const char* name) {
+  auto it = g_env.find(name);
+  return it == g_env.end() ? nullptr : it->second.c_str();
+}
+const char* empty_env(const char*) { return nullptr; }
+
+// A JSON file under /tmp with a unique name, removed at scope exit.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& text) {
+    static std::atomic<int> n{0};
+    path_ = "/tmp/fencegate_config_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++) + ".json";
+    std::ofstream(path_) << text;
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string joined(const std::vector<std::string>& errors) {
+  std::string s;
+  for (const auto& e : errors) s += e + "\n";
+  return s;
+}
+
+bool has_error(const LoadResult& r, const std::string& exact) {
+  return std::find(r.errors.begin(), r.errors.end(), exact) != r.errors.end();
+}
+
+bool has_error_starting(const LoadResult& r, const std::string& start) {
+  return std::any_of(r.errors.begin(), r.errors.end(),
+                     [&](const std::string& e) { return e.rfind(start, 0) == 0; });
+}
+
+const char* kMinimal = R"({"routes": [{"prefix": "/", "upstream": "http://127.0.0.1:9000"}]})";
+
+}  // namespace
+
+TEST_CASE("mode strings round-trip and unknown ones are refused") {
+  CHECK(to_string(Mode::enforce) == "enforce");
+  CHECK(to_string(Mode::observe) == "observe");
+  CHECK(to_string(Mode::off) == "off");
+  CHECK(parse_mode("observe") == Mode::observe);
+  CHECK_FALSE(parse_mode("Enforce").has_value());
+  CHECK_FALSE(parse_mode("").has_value());
+}
+
+TEST_CASE("Endpoint prints host:port, IPv6 in brackets") {
+  CHECK(Endpoint{"127.0.0.1", 8080}.to_string() == "127.0.0.1:8080");
+  CHECK(Endpoint{"::1", 9000}.to_string() == "[::1]:9000");
+}
+
+TEST_CASE("is_fenced: write methods by default, everything with fence_reads") {
+  Route r;
+  CHECK(r.is_fenced("POST"));
+  CHECK(r.is_fenced("DELETE"));
+  CHECK_FALSE(r.is_fenced("GET"));
+  CHECK_FALSE(r.is_fenced("post"));  // case-sensitive, as on the wire
+  r.write_methods = {"PUT"};
+  CHECK_FALSE(r.is_fenced("POST"));
+  r.fence_reads = true;
+  CHECK(r.is_fenced("GET"));
+}
+
+TEST_CASE("minimal JSON gets the documented defaults") {
+  auto r = load_json(kMinimal);
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  const Config& c = *r.config;
+  CHECK(c.listen.host == "127.0.0.1");
+  CHECK(c.listen.port == 8080);
+  CHECK(c.db == "./fence.db");
+  CHECK(c.threads >= 1);
+  CHECK(c.token_header == "Fencing-Token");
+  CHECK(c.leader_header == "Fencing-Leader");
+  CHECK(c.max_header_bytes == 16 * 1024);
+  CHECK(c.max_body_bytes == (1ull << 30));
+  CHECK(c.header_timeout.count() == 10000);
+  CHECK(c.log_level == "info");
+  REQUIRE(c.routes.size() == 1);
+  const Route& route = c.routes[0];
+  CHECK(route.resource == "default");
+  CHECK(route.mode == Mode::enforce);
+  CHECK(route.write_methods == std::vector<std::string>{"POST", "PUT", "PATCH", "DELETE"});
+  CHECK_FALSE(route.fence_reads);
+  CHECK(route.upstream_addr.host == "127.0.0.1");
+  CHECK(route.upstream_addr.port == 9000);
+}
+
+TEST_CASE("every JSON key is read") {
+  auto r = load_json(R"({
+    "listen": "0.0.0.0:9090", "db": "/var/f.db", "threads": 3,
+    "token_header": "X-Token", "leader_header": "X-Leader", "max_leader_bytes": 100,
+    "max_header_bytes": 2048, "max_body_bytes": 5, "max_connections": 7, "max_resources": 11,
+    "header_timeout_ms": 1, "idle_timeout_ms": 2, "body_timeout_ms": 3,
+    "upstream_connect_timeout_ms": 4, "upstream_timeout_ms": 5, "drain_timeout_ms": 6,
+    "upstream_idle_per_thread": 8, "log_level": "debug",
+    "routes": [{"prefix": "/t/{tenant}/", "upstream": "http://backend/", "resource": "tenant-{tenant}",
+                "mode": "observe", "write_methods": ["POST", "PURGE"], "fence_reads": true}]
+  })");
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  const Config& c = *r.config;
+  CHECK(c.listen.to_string() == "0.0.0.0:9090");
+  CHECK(c.db == "/var/f.db");
+  CHECK(c.threads == 3);
+  CHECK(c.token_header == "X-Token");
+  CHECK(c.leader_header == "X-Leader");
+  CHECK(c.max_leader_bytes == 100);
+  CHECK(c.max_header_bytes == 2048);
+  CHECK(c.max_body_bytes == 5);
+  CHECK(c.max_connections == 7);
+  CHECK(c.max_resources == 11);
+  CHECK(c.header_timeout.count() == 1);
+  CHECK(c.idle_timeout.count() == 2);
+  CHECK(c.body_timeout.count() == 3);
+  CHECK(c.upstream_connect_timeout.count() == 4);
+  CHECK(c.upstream_timeout.count() == 5);
+  CHECK(c.drain_timeout.count() == 6);
+  CHECK(c.upstream_idle_per_thread == 8);
+  CHECK(c.log_level == "debug");
+  const Route& route = c.routes.at(0);
+  CHECK(route.prefix == "/t/{tenant}/");
+  CHECK(route.upstream == "http://backend/");
+  CHECK(route.upstream_addr.host == "backend");
+  CHECK(route.upstream_addr.port == 80);
+  CHECK(route.resource == "tenant-{tenant}");
+  CHECK(route.mode == Mode::observe);
+  CHECK(route.write_methods == std::vector<std::string>{"POST", "PURGE"});
+  CHECK(route.fence_reads);
+}
+
+TEST_CASE("threads 0 means hardware threads") {
+  auto r = load_json(R"({"threads": 0, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  CHECK(r.config->threads == static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+}
+
+TEST_CASE("unknown keys are errors at top level and inside routes") {
+  auto r = load_json(R"({"listn": "1.2.3.4:5", "routes": [
+      {"prefix": "/", "upstream": "http://h:1"},
+      {"prefix": "/a/", "upstream": "http://h:1", "frobnicate": 1}]})");
+  CHECK_FALSE(r.config);
+  CHECK(has_error(r, "listn: unknown key"));
+  CHECK(has_error(r, "routes[1].frobnicate: unknown key"));
+}
+
+TEST_CASE("all errors are collected, each naming its field") {
+  auto r = load_json(R"({
+    "threads": -3, "listen": "nonsense", "db": "", "max_header_bytes": 10, "max_body_bytes": 0,
+    "max_connections": 2000000, "header_timeout_ms": 0, "drain_timeout_ms": 86400001,
+    "max_leader_bytes": 5000, "log_level": "verbose", "token_header": "Bad Header",
+    "routes": [
+      {"prefix": "/", "upstream": "http://h:1"},
+      {"prefix": "/b/", "upstream": "http://h:1", "mode": "enforse"}
+    ]})");
+  CHECK_FALSE(r.config);
+  INFO(joined(r.errors));
+  CHECK(has_error(r, "threads: must be an integer between 1 and 256 (got -3)"));
+  CHECK(has_error(r, "listen: expected \"host:port\" (got \"nonsense\")"));
+  CHECK(has_error(r, "db: must not be empty"));
+  CHECK(has_error(r, "max_header_bytes: must be an integer between 1024 and 1048576 (got 10)"));
+  CHECK(has_error_starting(r, "max_body_bytes: must be an integer between 1 and "));
+  CHECK(has_error(r, "max_connections: must be an integer between 1 and 1000000 (got 2000000)"));
+  CHECK(has_error(r, "header_timeout_ms: must be an integer between 1 and 86400000 (got 0)"));
+  CHECK(has_error(r, "drain_timeout_ms: must be an integer between 1 and 86400000 (got 86400001)"));
+  CHECK(has_error(r, "max_leader_bytes: must be an integer between 1 and 4096 (got 5000)"));
+  CHECK(has_error(r, "log_level: must be one of debug, info, warn, error (got \"verbose\")"));
+  CHECK(has_error(r, "token_header: must be a valid HTTP header name (got \"Bad Header\")"));
+  CHECK(has_error(r, "routes[1].mode: must be one of enforce, observe, off (got \"enforse\")"));
+  CHECK(r.errors.size() == 12);
+}
+
+TEST_CASE("wrong JSON types name the field") {
+  auto r = load_json(R"({"threads": "4", "listen": 8080, "max_body_bytes": 1.5, "routes": [
+      {"prefix": 1, "upstream": "http://h:1", "fence_reads": "yes", "write_methods": "POST"},
+      "not an object"]})");
+  CHECK_FALSE(r.config);
+  INFO(joined(r.errors));
+  CHECK(has_error(r, "threads: must be an integer between 1 and 256 (got \"4\")"));
+  CHECK(has_error(r, "listen: must be a string (got 8080)"));
+  CHECK(has_error(r, "max_body_bytes: must be an integer between 1 and 9223372036854775807 (got 1.5)"));
+  CHECK(has_error(r, "routes[0].prefix: must be a string (got 1)"));
+  CHECK(has_error(r, "routes[0].fence_reads: must be true or false (got \"yes\")"));
+  CHECK(has_error(r, "routes[0].write_methods: must be an array of method names (got \"POST\")"));
+  CHECK(has_error(r, "routes[1]: must be an object (got \"not an object\")"));
+
+  auto r2 = load_json(R"({"routes": {"prefix": "/"}})");
+  CHECK(has_error(r2, "routes: must be an array of route objects (got {\"prefix\":\"/\"})"));
+}
+
+TEST_CASE("invalid JSON names the source and position") {
+  auto r = load_json("{\n  \"threads\": 4,\n  oops\n}", "fg.json");
+  CHECK_FALSE(r.config);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0].rfind("fg.json: invalid JSON (byte ", 0) == 0);
+  CHECK(r.errors[0].find("line 3") != std::string::npos);
+
+  auto arr = load_json("[1, 2]", "fg.json");
+  REQUIRE(arr.errors.size() == 1);
+  CHECK(arr.errors[0] == "fg.json: must be a JSON object (got array)");
+}
+
+TEST_CASE("duplicate JSON keys are errors, not silently last-wins") {
+  auto r = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"},
+      {"prefix": "/a/", "upstream": "http://h:1", "mode": "enforce", "mode": "off"}], "db": "a", "db": "b"})");
+  CHECK_FALSE(r.config);
+  INFO(joined(r.errors));
+  CHECK(has_error(r, "routes[1].mode: duplicate key"));
+  CHECK(has_error(r, "db: duplicate key"));
+}
+
+TEST_CASE("route validation") {
+  auto errs = [](const std::string& route) {
+    return load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}, )" + route + "]}");
+  };
+  CHECK(has_error(errs(R"({"upstream": "http://h:1"})"), "routes[1].prefix: required"));
+  CHECK(has_error(errs(R"({"prefix": "/x/"})"), "routes[1].upstream: required"));
+  CHECK(has_error(errs(R"({"prefix": "x/", "upstream": "http://h:1"})"),
+                  "routes[1].prefix: must start with \"/\" (got \"x/\")"));
+  CHECK(has_error(errs(R"({"prefix": "/", "upstream": "http://h:2"})"),
+                  "routes[1].prefix: same as routes[0].prefix (\"/\")"));
+  CHECK(has_error(errs(R"({"prefix": "/x/", "upstream": "https://h:1"})"),
+                  "routes[1].upstream: only http:// upstreams are supported (got \"https://h:1\")"));
+  CHECK(has_error_starting(errs(R"({"prefix": "/x/", "upstream": "h:1"})"), "routes[1].upstream: expected"));
+  CHECK(has_error(errs(R"({"prefix": "/x/", "upstream": "http://u:p@h:1"})"),
+                  "routes[1].upstream: userinfo (\"user@\") is not allowed"));
+  CHECK(has_error_starting(errs(R"({"prefix": "/x/", "upstream": "http://h:1/api"})"),
+                           "routes[1].upstream: a path is not supported"));
+  CHECK(has_error_starting(errs(R"({"prefix": "/x/", "upstream": "http://h:1/?a=b"})"),
+                           "routes[1].upstream: a query or fragment is not allowed"));
+  CHECK(has_error_starting(errs(R"({"prefix": "/x/", "upstream": "http://h:0"})"),
+                           "routes[1].upstream: port must be between 1 and 65535"));
+  CHECK(has_error(errs(R"({"prefix": "/x/", "upstream": "http://h:1", "write_methods": []})"),
+                  "routes[1].write_methods: must list at least one method"));
+  CHECK(has_error(errs(R"({"prefix": "/x/", "upstream": "http://h:1", "write_methods": ["POST", "put"]})"),
+                  "routes[1].write_methods[1]: must be an upper-case HTTP method such as \"POST\" (got \"put\")"));
+  CHECK(has_error(errs(R"({"prefix": "/x/", "upstream": "http://h:1", "resource": "t-{tenant}"})"),
+                  "routes[1].resource: uses {tenant}, which the prefix does not capture"));
+  CHECK(has_error(errs(R"({"prefix": "/x/", "upstream": "http://h:1", "resource": ""})"),
+                  "routes[1].resource: must not be empty"));
+  // Same shape with differently named captures is the same prefix.
+  auto dup = load_json(R"({"routes": [{"prefix": "/t/{a}/", "upstream": "http://h:1"},
+                                      {"prefix": "/t/{b}/", "upstream": "http://h:1"}]})");
+  CHECK(has_error(dup, "routes[1].prefix: same as routes[0].prefix (\"/t/{a}/\")"));
+
+  auto none = load_json(R"({"routes": []})");
+  CHECK(has_error(none, "routes: at least one route is required"));
+  auto ok = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://[::1]:9000/"}]})");
+  REQUIRE_MESSAGE(ok.config, joined(ok.errors));
+  CHECK(ok.config->routes[0].upstream_addr.host == "::1");
+  CHECK(ok.config->routes[0].upstream_addr.port == 9000);
+}
+
+TEST_CASE("token and leader headers must differ case-insensitively") {
+  auto r = load_json(R"({"token_header": "X-Fence", "leader_header": "x-fence",
+                         "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  CHECK(has_error(r, "leader_header: must differ from token_header (both are \"x-fence\")"));
+}
+
+TEST_CASE("validate() catches bad values in a Config built in code") {
+  Config c;
+  c.routes.push_back(Route{});
+  c.routes[0].prefix = "/";
+  c.routes[0].upstream = "http://h:1";
+  c.threads = 999;
+  c.max_header_bytes = 10;
+  std::vector<std::string> errors;
+  validate(c, errors);
+  INFO(joined(errors));
+  CHECK(errors == std::vector<std::string>{
+                      "threads: must be an integer between 1 and 256 (got 999)",
+                      "max_header_bytes: must be an integer between 1024 and 1048576 (got 10)"});
+  CHECK(c.routes[0].upstream_addr.port == 1);
+}
+
+// --- load_serve: flags, env, file ---
+
+TEST_CASE("--help and -h ask for usage") {
+  CHECK(load_serve({"--help"}, empty_env).help);
+  CHECK(load_serve({"--listen", "x:1", "-h"}, empty_env).help);
+  CHECK_FALSE(load_serve({"--help"}, empty_env).config);
+}
+
+TEST_CASE("flag-only form builds one catch-all route") {
+  auto r = load_serve({"--upstream", "http://127.0.0.1:9000", "--resource=orders", "--mode", "observe",
+                       "--listen=0.0.0.0:7000", "--threads", "2", "--db", "/tmp/x.db"},
+                      empty_env);
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  const Config& c = *r.config;
+  CHECK(c.config_file.empty());
+  CHECK(c.listen.to_string() == "0.0.0.0:7000");
+  CHECK(c.threads == 2);
+  CHECK(c.db == "/tmp/x.db");
+  REQUIRE(c.routes.size() == 1);
+  CHECK(c.routes[0].prefix == "/");
+  CHECK(c.routes[0].upstream_addr.port == 9000);
+  CHECK(c.routes[0].resource == "orders");
+  CHECK(c.routes[0].mode == Mode::observe);
+
+  auto d = load_serve({"--upstream", "http://h"}, empty_env);
+  REQUIRE_MESSAGE(d.config, joined(d.errors));
+  CHECK(d.config->routes[0].resource == "default");
+  CHECK(d.config->routes[0].mode == Mode::enforce);
+  CHECK(d.config->routes[0].upstream_addr.port == 80);
+}
+
+TEST_CASE("every numeric and string flag is applied, in both spellings") {
+  auto r = load_serve({"--upstream=http://h:1", "--max-connections", "5", "--max-header-bytes=4096",
+                       "--max-body-bytes", "9", "--header-timeout-ms", "11", "--idle-timeout-ms=12",
+                       "--upstream-timeout-ms", "13", "--upstream-connect-timeout-ms", "14",
+                       "--drain-timeout-ms", "15", "--body-timeout-ms", "16", "--max-resources", "17",
+                       "--max-leader-bytes", "18", "--upstream-idle-per-thread", "0",
+                       "--token-header", "T", "--leader-header=L", "--log-level", "warn"},
+                      empty_env);
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  const Config& c = *r.config;
+  CHECK(c.max_connections == 5);
+  CHECK(c.max_header_bytes == 4096);
+  CHECK(c.max_body_bytes == 9);
+  CHECK(c.header_timeout.count() == 11);
+  CHECK(c.idle_timeout.count() == 12);
+  CHECK(c.upstream_timeout.count() == 13);
+  CHECK(c.upstream_connect_timeout.count() == 14);
+  CHECK(c.drain_timeout.count() == 15);
+  CHECK(c.body_timeout.count() == 16);
+  CHECK(c.max_resources == 17);
+  CHECK(c.max_leader_bytes == 18);
+  CHECK(c.upstream_idle_per_thread == 0);
+  CHECK(c.token_header == "T");
+  CHECK(c.leader_header == "L");
+  CHECK(c.log_level == "warn");
+}
+
+TEST_CASE("flag errors name the flag") {
+  auto r = load_serve({"--upstream", "http://h:1", "--threads", "many", "--max-body-bytes", "0",
+                       "--listen", "nocolon", "--bogus", "1", "--mode", "strict", "stray", "--db"},
+                      empty_env);
+  CHECK_FALSE(r.config);
+  INFO(joined(r.errors));
+  CHECK(has_error(r, "--threads: must be an integer between 1 and 256 (got \"many\")"));
+  CHECK(has_error_starting(r, "--max-body-bytes: must be an integer between 1 and "));
+  CHECK(has_error(r, "--listen: expected \"host:port\" (got \"nocolon\")"));
+  CHECK(has_error(r, "--bogus: unknown flag (see --help)"));
+  CHECK(has_error(r, "--mode: must be one of enforce, observe, off (got \"strict\")"));
+  CHECK(has_error_starting(r, "unexpected argument \"1\""));
+  CHECK(has_error_starting(r, "unexpected argument \"stray\""));
+  CHECK(has_error(r, "--db: missing value"));
+
+  auto u = load_serve({"--upstream", "https://h"}, empty_env);
+  CHECK(has_error(u, "--upstream: only http:// upstreams are supported (got \"https://h\")"));
+  auto res = load_serve({"--upstream", "http://h", "--resource", "a b"}, empty_env);
+  CHECK(has_error_starting(res, "--resource: character ' ' not allowed"));
+  auto missing = load_serve({"--listen", "--db", "x"}, empty_env);
+  CHECK(has_error(missing, "--listen: missing value"));
+  CHECK(has_error(load_serve({"--config="}, empty_env), "--config: missing value"));
+}
+
+TEST_CASE("no upstream and no config") {
+  auto r = load_serve({}, empty_env);
+  CHECK_FALSE(r.config);
+  CHECK(r.errors == std::vector<std::string>{"no upstream: give --upstream URL or --config FILE"});
+}
+
+TEST_CASE("environment variables apply and their errors name the variable") {
+  g_env = {{"FENCEGATE_UPSTREAM", "http://envhost:81"}, {"FENCEGATE_LISTEN", "1.2.3.4:5"},
+           {"FENCEGATE_DB", "/env.db"}, {"FENCEGATE_THREADS", "6"}, {"FENCEGATE_MODE", "off"},
+           {"FENCEGATE_RESOURCE", "envres"}, {"FENCEGATE_LOG_LEVEL", "error"}};
+  auto r = load_serve({}, fake_env);
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  CHECK(r.config->listen.to_string() == "1.2.3.4:5");
+  CHECK(r.config->db == "/env.db");
+  CHECK(r.config->threads == 6);
+  CHECK(r.config->log_level == "error");
+  CHECK(r.config->routes[0].upstream_addr.host == "envhost");
+  CHECK(r.config->routes[0].mode == Mode::off);
+  CHECK(r.config->routes[0].resource == "envres");
+
+  g_env = {{"FENCEGATE_UPSTREAM", "ftp://x"}, {"FENCEGATE_THREADS", "-1"}, {"FENCEGATE_MODE", "x"},
+           {"FENCEGATE_LOG_LEVEL", "loud"}};
+  auto bad = load_serve({}, fake_env);
+  INFO(joined(bad.errors));
+  CHECK(has_error(bad, "FENCEGATE_THREADS: must be an integer between 1 and 256 (got -1)"));
+  CHECK(has_error(bad, "FENCEGATE_MODE: must be one of enforce, observe, off (got \"x\")"));
+  CHECK(has_error(bad, "FENCEGATE_LOG_LEVEL: must be one of debug, info, warn, error (got \"loud\")"));
+  CHECK(has_error_starting(bad, "FENCEGATE_UPSTREAM: expected \"http://host[:port]\""));
+  g_env.clear();
+}
+
+TEST_CASE("precedence: flags over env over file over defaults") {
+  TempFile f(R"({"listen": "10.0.0.1:1000", "db": "/file.db", "threads": 3, "log_level": "warn",
+                 "max_connections": 50,
+                 "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  g_env = {{"FENCEGATE_CONFIG", f.path()}, {"FENCEGATE_DB", "/env.db"}, {"FENCEGATE_THREADS", "4"}};
+  auto r = load_serve({"--threads", "5"}, fake_env);
+  g_env.clear();
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  const Config& c = *r.config;
+  CHECK(c.config_file == f.path());
+  CHECK(c.listen.to_string() == "10.0.0.1:1000");  // file
+  CHECK(c.db == "/env.db");                         // env over file
+  CHECK(c.threads == 5);                            // flag over env over file
+  CHECK(c.log_level == "warn");                     // file over default
+  CHECK(c.max_connections == 50);
+  CHECK(c.max_header_bytes == 16 * 1024);           // default
+
+  // --config beats FENCEGATE_CONFIG.
+  TempFile g(R"({"db": "/g.db", "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  g_env = {{"FENCEGATE_CONFIG", f.path()}};
+  auto r2 = load_serve({"--config=" + g.path()}, fake_env);
+  g_env.clear();
+  REQUIRE_MESSAGE(r2.config, joined(r2.errors));
+  CHECK(r2.config->db == "/g.db");
+  CHECK(r2.config->config_file == g.path());
+}
+
+TEST_CASE("--config cannot be combined with --upstream, --mode or --resource") {
+  TempFile f(kMinimal);
+  auto r = load_serve({"--config", f.path(), "--upstream", "http://h:2", "--mode", "off", "--resource", "r"},
+                      empty_env);
+  CHECK_FALSE(r.config);
+  INFO(joined(r.errors));
+  CHECK(has_error_starting(r, "--upstream: cannot be combined with --config (routes"));
+  CHECK(has_error_starting(r, "--mode: cannot be combined with --config (each route"));
+  CHECK(has_error_starting(r, "--resource: cannot be combined with --config (each route"));
+}
+
+TEST_CASE("config file errors: unreadable file, bad contents") {
+  auto r = load_serve({"--config", "/nonexistent/fencegate.json"}, empty_env);
+  CHECK_FALSE(r.config);
+  CHECK(r.errors == std::vector<std::string>{
+                        "/nonexistent/fencegate.json: cannot read (No such file or directory)"});
+
+  TempFile bad(R"({"routes": [{"prefix": "/", "upstream": "http://h:1", "mode": "enforse"}], "thread": 2})");
+  auto b = load_serve({"--config", bad.path()}, empty_env);
+  CHECK_FALSE(b.config);
+  INFO(joined(b.errors));
+  CHECK(has_error(b, "routes[0].mode: must be one of enforce, observe, off (got \"enforse\")"));
+  CHECK(has_error(b, "thread: unknown key"));
+
+  TempFile broken("{");
+  auto j = load_serve({"--config", broken.path()}, empty_env);
+  REQUIRE(j.errors.size() == 1);
+  CHECK(j.errors[0].rfind(broken.path() + ": invalid JSON", 0) == 0);
+}
+
+TEST_CASE("serve_usage documents every flag, its env variable and default") {
+  std::string u = serve_usage();
+  for (const char* s :
+       {"--config", "--listen", "--upstream", "--db", "--resource", "--mode", "--threads", "--max-connections",
+        "--max-header-bytes", "--max-body-bytes", "--header-timeout-ms", "--idle-timeout-ms",
+        "--upstream-timeout-ms", "--upstream-connect-timeout-ms", "--drain-timeout-ms", "--token-header",
+        "--leader-header", "--log-level", "--help", "FENCEGATE_CONFIG", "FENCEGATE_LISTEN", "FENCEGATE_DB",
+        "FENCEGATE_THREADS", "FENCEGATE_UPSTREAM", "FENCEGATE_MODE", "FENCEGATE_RESOURCE",
+        "FENCEGATE_LOG_LEVEL", "(default \"127.0.0.1:8080\")", "(default \"Fencing-Token\")",
+        "(default 16384)", "write_methods", "fence_reads", "routes"}) {
+    CHECK_MESSAGE(u.find(s) != std::string::npos, s);
+  }
+}
