@@ -1,0 +1,317 @@
+#include "proxy/fence.h"
+
+#include <algorithm>
+
+namespace fencegate::proxy {
+
+namespace {
+struct Waiter {
+  std::int64_t g;
+  InflightNode* node;
+  DecisionFn done;
+};
+}  // namespace
+
+struct FenceResource {
+  explicit FenceResource(std::string n) : name(std::move(n)) { head.prev = head.next = &head; }
+  const std::string name;
+
+  // Guarded by mu
+  std::mutex mu;
+  std::int64_t stored = 0;
+  std::int64_t seen = 0;
+  std::string seen_leader;
+  std::size_t inflight = 0;  // linked nodes (admitted writes of generation == stored)
+  InflightNode head;         // sentinel of the intrusive list of in-flight writes
+  std::vector<Waiter> waiting;
+  bool advancing = false;   // draining or committing towards `seen`
+  bool committing = false;  // a store.advance() is outstanding
+  bool drain_armed = false;
+  std::chrono::steady_clock::time_point drain_deadline;
+};
+
+struct Fence::After {
+  std::vector<std::pair<DecisionFn, Decision>> calls;
+  FenceResource* commit = nullptr;
+  std::int64_t target = 0;
+  std::string leader;
+  bool drain_wait = false;
+};
+
+Fence::Fence(store::Store& store, std::chrono::milliseconds drain_timeout, std::size_t max_resources)
+    : store_(store), drain_timeout_(drain_timeout), max_resources_(max_resources) {
+  timer_ = std::thread([this] { timer_loop(); });
+}
+
+Fence::~Fence() {
+  {
+    std::lock_guard lk(timer_mu_);
+    stopping_ = true;
+  }
+  timer_cv_.notify_all();
+  timer_.join();
+}
+
+bool Fence::load(std::string* error) {
+  std::vector<store::ResourceState> all;
+  try {
+    all = store_.load_all();
+  } catch (const std::exception& e) {
+    if (error) *error = e.what();
+    return false;
+  }
+  std::lock_guard lk(map_mu_);
+  for (auto& s : all) {
+    auto& slot = resources_[s.resource];
+    if (!slot) slot = std::make_unique<FenceResource>(s.resource);
+    slot->stored = slot->seen = s.generation;
+  }
+  return true;
+}
+
+FenceResource* Fence::find_or_create(const std::string& resource) {
+  std::lock_guard lk(map_mu_);
+  auto it = resources_.find(resource);
+  if (it != resources_.end()) return it->second.get();
+  if (resources_.size() >= max_resources_) return nullptr;
+  auto [ins, _] = resources_.emplace(resource, std::make_unique<FenceResource>(resource));
+  return ins->second.get();
+}
+
+std::int64_t Fence::current(const std::string& resource) {
+  FenceResource* r = nullptr;
+  {
+    std::lock_guard lk(map_mu_);
+    auto it = resources_.find(resource);
+    if (it == resources_.end()) return 0;
+    r = it->second.get();
+  }
+  std::lock_guard lk(r->mu);
+  return r->stored;
+}
+
+FenceStats Fence::stats() {
+  std::lock_guard lk(stats_mu_);
+  return stats_;
+}
+
+static void link(FenceResource* r, InflightNode* n) {
+  n->resource = r;
+  n->aborted = false;
+  n->prev = r->head.prev;
+  n->next = &r->head;
+  r->head.prev->next = n;
+  r->head.prev = n;
+  ++r->inflight;
+}
+
+bool Fence::admit(const std::string& resource, std::int64_t g, const std::string& leader,
+                  InflightNode* node, Decision* now, DecisionFn later) {
+  FenceResource* r = find_or_create(resource);
+  if (!r) {
+    *now = Decision{Verdict::overloaded, 0, 0, false};
+    return true;
+  }
+  After after;
+  {
+    std::lock_guard lk(r->mu);
+    if (g < r->seen) {
+      *now = Decision{Verdict::stale, r->stored, r->seen, false};
+      return true;
+    }
+    if (g == r->stored && r->seen == r->stored) {  // the fast path
+      link(r, node);
+      *now = Decision{Verdict::admit, r->stored, r->seen, false};
+      return true;
+    }
+    if (g > r->seen) {
+      // A newer generation: writes parked for the previous target are stale now.
+      r->seen = g;
+      r->seen_leader = leader;
+      for (auto& w : r->waiting)
+        after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
+      r->waiting.clear();
+    }
+    // g == seen > stored: park until the advance commits.
+    r->waiting.push_back(Waiter{g, node, std::move(later)});
+    if (!r->advancing) start_advance(r, after);
+  }
+  run(after);
+  return false;
+}
+
+// REQUIRES: r->mu held, !r->advancing, r->seen > r->stored.
+void Fence::start_advance(FenceResource* r, After& after) {
+  r->advancing = true;
+  if (r->inflight == 0) {
+    begin_commit(r, after);
+    return;
+  }
+  // Older writes are still in flight: wait for them, up to the drain timeout.
+  after.drain_wait = true;
+  r->drain_armed = true;
+  r->drain_deadline = std::chrono::steady_clock::now() + drain_timeout_;
+  {
+    std::lock_guard tl(timer_mu_);
+    deadlines_.emplace(r->drain_deadline, r);
+  }
+  timer_cv_.notify_all();
+}
+
+// REQUIRES: r->mu held, r->advancing, r->inflight == 0, !r->committing.
+void Fence::begin_commit(FenceResource* r, After& after) {
+  r->committing = true;
+  r->drain_armed = false;
+  after.commit = r;
+  after.target = r->seen;
+  after.leader = r->seen_leader;
+}
+
+void Fence::run(After& after) {
+  if (after.drain_wait) {
+    std::lock_guard lk(stats_mu_);
+    ++stats_.drain_waits;
+  }
+  if (after.commit) {
+    FenceResource* r = after.commit;
+    std::int64_t target = after.target;
+    store_.advance(r->name, target, after.leader,
+                   [this, r, target](store::Status st) { on_committed(r, target, std::move(st)); });
+  }
+  for (auto& [fn, d] : after.calls)
+    if (fn) fn(d);
+}
+
+void Fence::on_committed(FenceResource* r, std::int64_t target, store::Status st) {
+  After after;
+  {
+    std::lock_guard lk(r->mu);
+    r->committing = false;
+    if (!st.ok()) {
+      // Fail closed: nothing parked is forwarded; `stored` stays as it was.
+      r->advancing = false;
+      for (auto& w : r->waiting)
+        after.calls.emplace_back(std::move(w.done), Decision{Verdict::store_error, r->stored, r->seen, false});
+      r->waiting.clear();
+    } else {
+      r->stored = std::max(r->stored, target);
+      {
+        std::lock_guard sl(stats_mu_);
+        ++stats_.advances;
+      }
+      if (r->seen > r->stored) {
+        // A newer generation arrived while committing; nothing was admitted meanwhile, so no
+        // second drain is needed: commit again towards it.
+        begin_commit(r, after);
+      } else {
+        r->advancing = false;
+        for (auto& w : r->waiting) {
+          if (w.g == r->stored) {
+            link(r, w.node);
+            after.calls.emplace_back(std::move(w.done), Decision{Verdict::admit, r->stored, r->seen, false});
+          } else {
+            after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, r->seen, false});
+          }
+        }
+        r->waiting.clear();
+      }
+    }
+  }
+  run(after);
+}
+
+void Fence::release(InflightNode* n) {
+  FenceResource* r = n->resource;
+  if (!r) return;
+  After after;
+  {
+    std::lock_guard lk(r->mu);
+    if (!n->resource) return;
+    n->prev->next = n->next;
+    n->next->prev = n->prev;
+    n->prev = n->next = nullptr;
+    n->resource = nullptr;
+    --r->inflight;
+    if (r->inflight == 0 && r->advancing && !r->committing) begin_commit(r, after);
+  }
+  run(after);
+}
+
+bool Fence::observe(const std::string& resource, std::int64_t g, const std::string& leader,
+                    Decision* now, DecisionFn later) {
+  FenceResource* r = find_or_create(resource);
+  if (!r) {
+    *now = Decision{Verdict::overloaded, 0, 0, false};
+    return true;
+  }
+  {
+    std::lock_guard lk(r->mu);
+    if (g < r->seen) {
+      *now = Decision{Verdict::admit, r->stored, r->seen, true};
+      return true;
+    }
+    if (g <= r->stored) {
+      *now = Decision{Verdict::admit, r->stored, r->seen, false};
+      return true;
+    }
+    if (g > r->seen) {
+      r->seen = g;
+      r->seen_leader = leader;
+    }
+  }
+  store_.advance(r->name, g, leader, [this, r, g, later = std::move(later)](store::Status st) {
+    Decision d;
+    {
+      std::lock_guard lk(r->mu);
+      if (st.ok()) r->stored = std::max(r->stored, g);
+      d = Decision{st.ok() ? Verdict::admit : Verdict::store_error, r->stored, r->seen, false};
+    }
+    if (st.ok()) {
+      std::lock_guard sl(stats_mu_);
+      ++stats_.advances;
+    }
+    later(d);
+  });
+  return false;
+}
+
+void Fence::timer_loop() {
+  std::unique_lock lk(timer_mu_);
+  while (!stopping_) {
+    if (deadlines_.empty()) {
+      timer_cv_.wait(lk);
+      continue;
+    }
+    auto first = deadlines_.begin()->first;
+    if (std::chrono::steady_clock::now() < first) {
+      timer_cv_.wait_until(lk, first);
+      continue;
+    }
+    FenceResource* r = deadlines_.begin()->second;
+    deadlines_.erase(deadlines_.begin());
+    lk.unlock();
+    std::uint64_t aborted = 0;
+    {
+      std::lock_guard rl(r->mu);
+      if (r->advancing && !r->committing && r->drain_armed && r->inflight > 0 &&
+          std::chrono::steady_clock::now() >= r->drain_deadline) {
+        r->drain_armed = false;
+        // Abort every older exchange still in flight; each releases its node once its socket
+        // is closed, and the last release starts the commit.
+        for (InflightNode* n = r->head.next; n != &r->head; n = n->next) {
+          if (n->aborted) continue;
+          n->aborted = true;
+          ++aborted;
+          if (n->abort) n->abort();
+        }
+      }
+    }
+    if (aborted) {
+      std::lock_guard sl(stats_mu_);
+      stats_.drain_aborts += aborted;
+    }
+    lk.lock();
+  }
+}
+
+}  // namespace fencegate::proxy

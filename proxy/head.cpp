@@ -1,0 +1,170 @@
+#include "proxy/head.h"
+
+#include <cstring>
+
+namespace fencegate::proxy {
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    unsigned char x = static_cast<unsigned char>(a[i]), y = static_cast<unsigned char>(b[i]);
+    if (x >= 'A' && x <= 'Z') x = static_cast<unsigned char>(x + 32);
+    if (y >= 'A' && y <= 'Z') y = static_cast<unsigned char>(y + 32);
+    if (x != y) return false;
+  }
+  return true;
+}
+
+bool is_tchar(unsigned char c) {
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+  switch (c) {
+    case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+': case '-':
+    case '.': case '^': case '_': case '`': case '|': case '~':
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::size_t RequestHead::count(std::string_view name, std::string_view* first) const {
+  std::size_t n = 0;
+  for (const auto& f : fields) {
+    if (iequals(f.name, name)) {
+      if (n == 0 && first) *first = f.value;
+      ++n;
+    }
+  }
+  return n;
+}
+
+namespace {
+
+HeadScan bad(std::string reason) {
+  HeadScan s;
+  s.status = HeadStatus::bad;
+  s.reason = std::move(reason);
+  return s;
+}
+
+bool is_field_vchar(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
+
+}  // namespace
+
+bool head_prefix_hopeless(std::string_view data, std::size_t from) {
+  for (std::size_t i = from; i < data.size(); ++i) {
+    char c = data[i];
+    if (c == '\0') return true;
+    if (c == '\n' && (i == 0 || data[i - 1] != '\r')) return true;
+    if (i > 0 && data[i - 1] == '\r' && c != '\n') return true;
+  }
+  return false;
+}
+
+HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, RequestHead* out) {
+  // Find the end of the head first: nothing is judged until the head is whole (or hopeless).
+  std::size_t end = data.find("\r\n\r\n");
+  if (end == std::string_view::npos) {
+    if (head_prefix_hopeless(data, 0)) return bad("bare CR or LF, or NUL, in the request head");
+    HeadScan s;
+    s.status = data.size() >= max_bytes ? HeadStatus::too_large : HeadStatus::incomplete;
+    return s;
+  }
+  const std::size_t length = end + 4;
+  if (length > max_bytes) {
+    HeadScan s;
+    s.status = HeadStatus::too_large;
+    return s;
+  }
+  std::string_view head = data.substr(0, end + 2);  // every line ends in CRLF
+  if (head.size() >= 2 && head.substr(0, 2) == "\r\n")
+    return bad("empty line before the request line");
+
+  RequestHead h;
+  std::size_t pos = 0;
+  auto next_line = [&](std::string_view& line) -> bool {
+    std::size_t e = head.find("\r\n", pos);
+    if (e == std::string_view::npos) return false;
+    line = head.substr(pos, e - pos);
+    pos = e + 2;
+    return true;
+  };
+
+  std::string_view line;
+  next_line(line);
+  // request-line = method SP request-target SP HTTP-version
+  std::size_t sp1 = line.find(' ');
+  if (sp1 == std::string_view::npos || sp1 == 0) return bad("malformed request line");
+  h.method = line.substr(0, sp1);
+  if (h.method.size() > 32) return bad("method too long");
+  for (unsigned char c : h.method)
+    if (!is_tchar(c)) return bad("invalid character in method");
+  std::size_t sp2 = line.find(' ', sp1 + 1);
+  if (sp2 == std::string_view::npos || sp2 == sp1 + 1) return bad("malformed request line");
+  h.target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  for (unsigned char c : h.target)
+    if (c <= 0x20 || c >= 0x7f) return bad("invalid character in request target");
+  std::string_view version = line.substr(sp2 + 1);
+  if (version == "HTTP/1.1") h.version = 11;
+  else if (version == "HTTP/1.0") h.version = 10;
+  else return bad("unsupported HTTP version (HTTP/1.1 and HTTP/1.0 only)");
+
+  while (pos < head.size()) {
+    next_line(line);
+    if (line.empty()) return bad("malformed header block");
+    unsigned char first = static_cast<unsigned char>(line[0]);
+    if (first == ' ' || first == '\t') return bad("obsolete line folding in a header");
+    std::size_t colon = line.find(':');
+    if (colon == std::string_view::npos || colon == 0) return bad("header line without a field name");
+    std::string_view name = line.substr(0, colon);
+    for (unsigned char c : name)
+      if (!is_tchar(c)) return bad("invalid character in header field name");
+    std::string_view value = line.substr(colon + 1);
+    for (unsigned char c : value)
+      if (!is_field_vchar(c)) return bad("invalid character in header field value");
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    h.fields.push_back({name, value});
+  }
+
+  if (out) *out = std::move(h);
+  HeadScan s;
+  s.status = HeadStatus::complete;
+  s.length = length;
+  return s;
+}
+
+Framing check_framing(const RequestHead& h) {
+  Framing f;
+  std::string_view cl, te, host;
+  std::size_t ncl = h.count("Content-Length", &cl);
+  std::size_t nte = h.count("Transfer-Encoding", &te);
+  std::size_t nhost = h.count("Host", &host);
+  auto fail = [&](std::string r) {
+    f.ok = false;
+    f.reason = std::move(r);
+    return f;
+  };
+  if (ncl > 1) return fail("several Content-Length headers");
+  if (nte > 1) return fail("several Transfer-Encoding headers");
+  if (ncl && nte) return fail("both Content-Length and Transfer-Encoding");
+  if (ncl) {
+    if (cl.empty() || cl.size() > 19) return fail("invalid Content-Length");
+    std::uint64_t n = 0;
+    for (char c : cl) {
+      if (c < '0' || c > '9') return fail("invalid Content-Length");
+      n = n * 10 + static_cast<std::uint64_t>(c - '0');
+    }
+    f.content_length = n;
+  }
+  if (nte) {
+    if (h.version == 10) return fail("Transfer-Encoding in an HTTP/1.0 request");
+    if (!iequals(te, "chunked")) return fail("unsupported transfer coding (only a single \"chunked\")");
+    f.chunked = true;
+  }
+  if (h.version == 11 && nhost != 1) return fail(nhost ? "several Host headers" : "missing Host header");
+  if (h.version == 10 && nhost > 1) return fail("several Host headers");
+  f.ok = true;
+  return f;
+}
+
+}  // namespace fencegate::proxy

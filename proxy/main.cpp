@@ -1,0 +1,3 @@
+#include "proxy/server.h"
+
+int main(int argc, char** argv) { return fencegate::proxy::run_cli(argc, argv); }

@@ -1,0 +1,137 @@
+// Fence: the per-resource admission decision, in memory, backed by the durable Store.
+//
+// Invariants, per resource r (see shared DESIGN.md):
+//   stored(r)  durable generation; never decreases.
+//   seen(r)    highest generation presented in enforce mode (>= stored); seen > stored while an
+//              advance is under way (or after one failed).
+//   A write of generation g is admitted only while g == stored(r) == seen(r), and an advance to a
+//   higher generation commits only once no admitted write of r is still in flight (drain).
+// Enforce decision for generation g:
+//   g <  seen                  -> stale (409), no I/O
+//   g == stored == seen        -> admitted at once (fast path: one mutex, no I/O)
+//   g == seen > stored         -> parked until the advance commits
+//   g >  seen                  -> seen = g; parked writes of lower generations become stale;
+//                                 drain in-flight writes (abort them after drain_timeout), commit
+//                                 g durably, then admit the parked writes of generation g.
+// Observe mode never rejects and never drains: it reports what enforce would have decided and
+// still advances the stored generation durably before the write is forwarded.
+//
+// Thread-safety: all methods are thread-safe. Completion callbacks run on the calling thread
+// (fast path and immediate rejections), on the store thread (after a commit) or on the fence's
+// timer thread; they must only post work elsewhere.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "fence_store/store.h"
+
+namespace fencegate::proxy {
+
+class Fence;
+struct FenceResource;
+
+// An admitted write's registration while its upstream exchange is in flight. Owned by the caller
+// (e.g. inside a session). `abort` must be cheap and thread-safe (post a socket close); the fence
+// calls it, under the resource's lock, if a newer generation's drain times out.
+struct InflightNode {
+  InflightNode* prev = nullptr;
+  InflightNode* next = nullptr;
+  std::function<void()> abort;
+  FenceResource* resource = nullptr;  // set while linked
+  bool aborted = false;               // set by the fence before calling abort
+};
+
+enum class Verdict {
+  admit,        // forward; in enforce mode the InflightNode is linked until Fence::release()
+  stale,        // g < current: reject 409 (enforce) / would_reject_stale (observe, then forwarded)
+  store_error,  // could not make the advance durable: 503 (enforce); observe forwards anyway
+  overloaded,   // too many distinct resources in memory: 503
+};
+
+struct Decision {
+  Verdict verdict = Verdict::admit;
+  std::int64_t current = 0;   // stored (durable) generation after the decision
+  std::int64_t newest = 0;    // highest generation seen (>= current); what made a write stale
+  bool observe_stale = false; // observe mode: enforce would have rejected as stale
+};
+
+using DecisionFn = std::function<void(Decision)>;
+
+struct FenceStats {
+  std::uint64_t advances = 0;
+  std::uint64_t drain_waits = 0;
+  std::uint64_t drain_aborts = 0;
+};
+
+class Fence {
+ public:
+  // REQUIRES: store outlives the Fence.
+  Fence(store::Store& store, std::chrono::milliseconds drain_timeout, std::size_t max_resources);
+  ~Fence();
+  Fence(const Fence&) = delete;
+  Fence& operator=(const Fence&) = delete;
+
+  // Loads stored generations from the store. Returns false (and *error) if it cannot.
+  bool load(std::string* error);
+
+  // Enforce-mode admission of a write of generation g to `resource`. If the decision can be made
+  // without waiting (fast path, stale, overloaded) it is stored in *now and true is returned;
+  // otherwise `later` is called exactly once when it is made. On admit, `node` is linked and the
+  // caller must call release(node) when the upstream exchange is over (or fails).
+  bool admit(const std::string& resource, std::int64_t g, const std::string& leader,
+             InflightNode* node, Decision* now, DecisionFn later);
+
+  // REQUIRES: node was linked by admit(). Safe to call more than once.
+  void release(InflightNode* node);
+
+  // Observe mode: never rejects and never drains. A higher generation is stored durably before
+  // the decision (so switching to enforce later starts from it). Same now/later contract as admit.
+  bool observe(const std::string& resource, std::int64_t g, const std::string& leader,
+               Decision* now, DecisionFn later);
+
+  // Current stored generation of a resource (0 if unknown), for responses that made no decision.
+  std::int64_t current(const std::string& resource);
+
+  FenceStats stats();
+
+ private:
+  FenceResource* find_or_create(const std::string& resource);  // nullptr iff over the cap
+  struct After;  // work to run once a resource's lock is released
+  void start_advance(FenceResource* r, After& after);
+  void begin_commit(FenceResource* r, After& after);
+  void run(After& after);
+  void on_committed(FenceResource* r, std::int64_t target, store::Status st);
+  void timer_loop();
+
+  // Constant after construction
+  store::Store& store_;
+  const std::chrono::milliseconds drain_timeout_;
+  const std::size_t max_resources_;
+
+  // Guarded by map_mu_
+  std::mutex map_mu_;
+  std::unordered_map<std::string, std::unique_ptr<FenceResource>> resources_;
+
+  // Guarded by timer_mu_: drain deadlines
+  std::mutex timer_mu_;
+  std::condition_variable timer_cv_;
+  std::multimap<std::chrono::steady_clock::time_point, FenceResource*> deadlines_;
+  bool stopping_ = false;
+  std::thread timer_;
+
+  // Guarded by stats_mu_
+  std::mutex stats_mu_;
+  FenceStats stats_;
+};
+
+}  // namespace fencegate::proxy

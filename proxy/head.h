@@ -1,0 +1,65 @@
+// Strict HTTP/1.1 request-head scanning and framing checks.
+//
+// The proxy is the only gate to the resource, so anything a lenient parser downstream could read
+// differently is refused here before a byte goes upstream: obsolete line folding, bare CR or LF,
+// control bytes, whitespace before a colon, invalid field names, duplicate or list-valued
+// Content-Length, Content-Length with Transfer-Encoding, any transfer coding but a single
+// "chunked", Transfer-Encoding on HTTP/1.0, missing or repeated Host.
+//
+// Pure functions on bytes; no I/O. Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fencegate::proxy {
+
+struct HeadField {
+  std::string_view name;
+  std::string_view value;  // leading and trailing whitespace removed
+};
+
+struct RequestHead {
+  std::string_view method;
+  std::string_view target;
+  int version = 11;  // 10 or 11
+  std::vector<HeadField> fields;
+
+  // Number of fields named `name` (case-insensitive) and the first one's value.
+  std::size_t count(std::string_view name, std::string_view* first = nullptr) const;
+};
+
+enum class HeadStatus { incomplete, complete, bad, too_large };
+
+struct HeadScan {
+  HeadStatus status = HeadStatus::incomplete;
+  std::size_t length = 0;  // bytes of the head including the final CRLF (iff complete)
+  std::string reason;      // iff bad
+};
+
+// Scans `data` (bytes received so far) for a complete request head of at most `max_bytes`.
+// On `complete`, fills *out with views into `data`.
+HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, RequestHead* out);
+
+// Returns true iff `data` cannot become a valid head by receiving more bytes, judging only the
+// bytes from `from` on (cheap incremental check: a bare LF, NUL or a request line too long).
+bool head_prefix_hopeless(std::string_view data, std::size_t from);
+
+struct Framing {
+  bool ok = false;
+  std::string reason;                 // iff !ok
+  std::optional<std::uint64_t> content_length;
+  bool chunked = false;
+};
+
+// Checks message framing and Host of a complete head.
+Framing check_framing(const RequestHead& h);
+
+bool iequals(std::string_view a, std::string_view b);
+bool is_tchar(unsigned char c);
+
+}  // namespace fencegate::proxy
