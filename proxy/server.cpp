@@ -40,6 +40,7 @@ namespace {
 
 constexpr std::size_t kRelayBuffer = 16 * 1024;
 constexpr std::size_t kMaxResponseHeader = 64 * 1024;
+constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this are skipped, not fatal
 
 // ---------------------------------------------------------------------------------------------
 // Shared state (constant after start, or atomic).
@@ -267,6 +268,7 @@ class Session {
   awaitable<bool> handle(std::size_t head_len);
   awaitable<bool> reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks);
   awaitable<store::Status> audit_sync(store::AuditRow row);
+  awaitable<bool> discard(std::uint64_t n);
   awaitable<bool> forward(http::request_parser<http::buffer_body>& p, const config::Route& route,
                           bool client_keep_alive, int version, bool expect_continue,
                           std::shared_ptr<Exchange> ex, const FenceMarks& marks);
@@ -361,6 +363,19 @@ awaitable<bool> Session::reply(const Problem& p, bool keep_alive, int version, c
   co_return !ec && keep_alive;
 }
 
+// Reads and drops the next n body bytes. Returns false if they did not arrive.
+awaitable<bool> Session::discard(std::uint64_t n) {
+  while (buf_.size() < n) {
+    boost::system::error_code ec;
+    client_.expires_after(sh_.cfg->body_timeout);
+    std::size_t got = co_await client_.async_read_some(buf_.prepare(n - buf_.size()), net::redirect_error(use_awaitable, ec));
+    buf_.commit(got);
+    if (ec) co_return false;
+  }
+  buf_.consume(n);
+  co_return true;
+}
+
 awaitable<store::Status> Session::audit_sync(store::AuditRow row) {
   auto slot = std::make_shared<Slot<store::Status>>(w_.ioc);
   net::io_context& ioc = w_.ioc;
@@ -380,9 +395,17 @@ awaitable<bool> Session::handle(std::size_t head_len) {
   if (!fr.ok) co_return co_await reply(Problem{400, "bad-framing", "Bad request", fr.reason}, false, version, {});
   const bool has_body = fr.chunked || (fr.content_length && *fr.content_length > 0);
 
-  // Anything we refuse before reading the body closes the connection if a body follows.
+  bool expect_continue = false;  // set below, once Expect is validated
+  // A request refused before its body was read keeps the connection only if its body is small
+  // and Content-Length framed: the body is then read and discarded. Otherwise the connection
+  // closes after the reply.
   auto refuse = [&](Problem p, const FenceMarks& m = {}) -> awaitable<bool> {
-    co_return co_await reply(p, !has_body, version, m);
+    const bool can_skip =
+        !has_body || (!fr.chunked && !expect_continue && *fr.content_length <= kDiscardLimit);
+    if (!co_await reply(p, can_skip, version, m)) co_return false;
+    buf_.consume(head_len);
+    if (has_body) co_return co_await discard(*fr.content_length);
+    co_return true;
   };
 
   if (head.method == "CONNECT" || head.count("Upgrade"))
@@ -406,7 +429,6 @@ awaitable<bool> Session::handle(std::size_t head_len) {
                                        "the Connection header names an end-to-end field"},
                                false, version, {});
   }
-  bool expect_continue = false;
   {
     std::string_view ev;
     std::size_t ne = head.count("Expect", &ev);

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds fencegate and runs every test suite (unit and integration; the integration tests start
+# their own upstreams and proxies on 127.0.0.1 with ephemeral ports).
+#   scripts/test.sh              normal build in build/
+#   scripts/test.sh --sanitize   ASan+UBSan build in build-asan/
+#   scripts/test.sh --tsan       TSan build in build-tsan/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+./scripts/setup.sh
+
+build=build
+type=RelWithDebInfo
+sanitize=""
+case "${1:-}" in
+  --sanitize) build=build-asan; type=Debug; sanitize="address,undefined" ;;
+  --tsan) build=build-tsan; type=Debug; sanitize="thread" ;;
+  "") ;;
+  *) echo "usage: scripts/test.sh [--sanitize|--tsan]" >&2; exit 2 ;;
+esac
+
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="$type" -DFENCEGATE_SANITIZE="$sanitize" >/dev/null
+cmake --build "$build"
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1}"
+ctest --test-dir "$build" --output-on-failure
