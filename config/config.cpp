@@ -146,7 +146,7 @@ const NumField kNumFields[] = {
     FG_MS_FIELD(body_timeout, "time without request body progress"),
     FG_MS_FIELD(upstream_connect_timeout, "upstream connect; over -> 502"),
     FG_MS_FIELD(upstream_timeout, "time without upstream progress; over -> 504"),
-    FG_MS_FIELD(drain_timeout, "shutdown: wait for in-flight requests"),
+    FG_MS_FIELD(drain_timeout, "newer generation waits for older in-flight writes, then aborts them (504)"),
 };
 
 #undef FG_SIZE_FIELD
