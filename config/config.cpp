@@ -11,6 +11,9 @@
 #include <sstream>
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <nlohmann/json.hpp>
 
 #include "config/router.h"
@@ -46,9 +49,11 @@ bool is_upper_method(std::string_view s) {
   return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= 'A' && c <= 'Z'; });
 }
 
-// Parses "host:port", "[v6]:port". With default_port, the ":port" part is optional.
+// Parses "host:port", "[v6]:port". With default_port, the ":port" part is optional. With
+// allow_port_zero (listeners), port 0 means "any free port, chosen by the OS".
 // Returns an empty string on success, else the reason.
-std::string parse_endpoint(std::string_view s, Endpoint& out, int default_port = 0) {
+std::string parse_endpoint(std::string_view s, Endpoint& out, int default_port = 0,
+                           bool allow_port_zero = false) {
   const std::string expected = default_port ? "expected \"host[:port]\"" : "expected \"host:port\"";
   std::string host;
   std::string_view rest;
@@ -81,8 +86,10 @@ std::string parse_endpoint(std::string_view s, Endpoint& out, int default_port =
     std::string_view digits = rest.substr(1);
     auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
     if (digits.empty() || digits.size() > 5 || ec != std::errc() ||
-        ptr != digits.data() + digits.size() || port < 1 || port > 65535) {
-      return "port must be between 1 and 65535 (got " + quote(digits) + ")";
+        ptr != digits.data() + digits.size() || port < (allow_port_zero ? 0 : 1) || port > 65535) {
+      return allow_port_zero
+                 ? "port must be between 0 and 65535, 0 meaning any free port (got " + quote(digits) + ")"
+                 : "port must be between 1 and 65535 (got " + quote(digits) + ")";
     }
   } else if (default_port == 0) {
     return expected + " (got " + quote(s) + ")";
@@ -193,8 +200,9 @@ struct StrField {
 
 const StrField kStrFields[] = {
     {"listen",
-     [](Config& c, std::string_view v) { return parse_endpoint(v, c.listen); },
-     [](const Config& c) { return c.listen.to_string(); }, "address to listen on, host:port"},
+     [](Config& c, std::string_view v) { return parse_endpoint(v, c.listen, 0, true); },
+     [](const Config& c) { return c.listen.to_string(); },
+     "address to listen on, host:port; port 0 = any free port (logged)"},
     {"db",
      [](Config& c, std::string_view v) -> std::string {
        if (v.empty()) return "must not be empty";
@@ -225,18 +233,137 @@ const StrField kStrFields[] = {
      [](const Config& c) { return c.log_level; }, "debug, info, warn or error"},
 };
 
+// "max_body_bytes" -> "--max-body-bytes"; "admin.token_file" -> "--admin-token-file".
 std::string flag_of(std::string_view key) {
   std::string f = "--" + std::string(key);
   std::replace(f.begin(), f.end(), '_', '-');
+  std::replace(f.begin(), f.end(), '.', '-');
   return f;
 }
 
+// "max_body_bytes" -> "FENCEGATE_MAX_BODY_BYTES"; "admin.token_file" -> "FENCEGATE_ADMIN_TOKEN_FILE".
 std::string env_of(std::string_view key) {
   std::string e = "FENCEGATE_" + std::string(key);
   for (char& c : e) {
     if (c >= 'a' && c <= 'z') c = static_cast<char>(c - 'a' + 'A');
+    if (c == '.') c = '_';
   }
   return e;
+}
+
+// --- Sectioned settings: JSON "admin": {...} and "audit": {...}; flags --admin-*, --audit-*. ---
+
+constexpr std::int64_t kMaxAgeLimit = 36500LL * 86400;  // 100 years; keeps time arithmetic safe
+
+std::string duration_error(std::string_view got) {
+  return "must be a duration such as \"90s\", \"15m\", \"12h\" or \"30d\", or 0 for unlimited (got " +
+         std::string(got) + ")";
+}
+
+// "90s", "15m", "12h", "30d", or "0". Returns the reason on failure.
+std::string parse_duration(std::string_view text, std::chrono::seconds& out) {
+  if (text == "0") {
+    out = std::chrono::seconds(0);
+    return {};
+  }
+  if (text.size() < 2) return duration_error(quote(text));
+  std::int64_t unit = 0;
+  switch (text.back()) {
+    case 's': unit = 1; break;
+    case 'm': unit = 60; break;
+    case 'h': unit = 3600; break;
+    case 'd': unit = 86400; break;
+    default: return duration_error(quote(text));
+  }
+  std::string_view digits = text.substr(0, text.size() - 1);
+  std::int64_t n = 0;
+  auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (ec == std::errc::result_out_of_range) {
+    return "must be at most 36500d (got " + quote(text) + ")";
+  }
+  if (ec != std::errc() || ptr != digits.data() + digits.size() || n < 0) {
+    return duration_error(quote(text));
+  }
+  if (n > kMaxAgeLimit / unit) return "must be at most 36500d (got " + quote(text) + ")";
+  out = std::chrono::seconds(n * unit);
+  return {};
+}
+
+std::string format_duration(std::chrono::seconds d) {
+  std::int64_t s = d.count();
+  if (s == 0) return "0";
+  if (s % 86400 == 0) return std::to_string(s / 86400) + "d";
+  if (s % 3600 == 0) return std::to_string(s / 3600) + "h";
+  if (s % 60 == 0) return std::to_string(s / 60) + "m";
+  return std::to_string(s) + "s";
+}
+
+std::string rows_error(std::string_view got) {
+  return "must be an integer between 0 and " + std::to_string(INT64_MAX) + ", 0 for unlimited (got " +
+         std::string(got) + ")";
+}
+
+std::string set_max_rows(Config& c, std::string_view text) {
+  std::uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() ||
+      v > static_cast<std::uint64_t>(INT64_MAX)) {
+    return rows_error(quote(text));
+  }
+  c.audit.max_rows = v;
+  return {};
+}
+
+// What a section field accepts in JSON (flags and env always give text).
+enum class JsonKind { string, integer, duration };
+
+struct SectionField {
+  const char* key;  // "admin.listen": JSON "admin": {"listen": ...}, --admin-listen, FENCEGATE_ADMIN_LISTEN
+  JsonKind kind;
+  std::string (*set)(Config&, std::string_view);  // from text; returns the reason on failure
+  std::string (*get)(const Config&);              // for usage's defaults
+  const char* arg;                                // usage's placeholder
+  const char* help;
+};
+
+const SectionField kSectionFields[] = {
+    {"admin.listen", JsonKind::string,
+     [](Config& c, std::string_view v) { return parse_endpoint(v, c.admin.listen, 0, true); },
+     [](const Config& c) { return quote(c.admin.listen.to_string()); }, "HOST:PORT",
+     "admin API address; off loopback needs a token file"},
+    {"admin.token_file", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v.empty()) return "must not be empty";
+       c.admin.token_file = v;
+       return {};
+     },
+     [](const Config&) -> std::string { return "none"; }, "FILE",
+     "admin API bearer token, trimmed; re-read on reload"},
+    {"audit.max_age", JsonKind::duration,
+     [](Config& c, std::string_view v) { return parse_duration(v, c.audit.max_age); },
+     [](const Config& c) { return format_duration(c.audit.max_age); }, "AGE",
+     "prune older audit rows: 90s, 15m, 12h, 30d; 0 = never"},
+    {"audit.max_rows", JsonKind::integer, set_max_rows,
+     [](const Config& c) { return std::to_string(c.audit.max_rows); }, "N",
+     "keep at most N newest audit rows; 0 = unlimited"},
+};
+
+const char* const kSections[] = {"admin", "audit"};
+
+// 127.0.0.0/8, ::1 (and ::ffff:127.0.0.0/104), or "localhost". Other names count as non-loopback.
+bool is_loopback_host(const std::string& host) {
+  std::string h = lower(host);
+  if (h == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, h.c_str(), &v4) == 1) {
+    return (ntohl(v4.s_addr) >> 24) == 127;
+  }
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, h.c_str(), &v6) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
+  }
+  return false;
 }
 
 const char* const kRouteKeys[] = {"prefix", "upstream", "resource", "mode", "write_methods", "fence_reads"};
@@ -355,6 +482,48 @@ Route parse_route(const json& j, const std::string& path, std::vector<std::strin
   return r;
 }
 
+// Reads one "admin"/"audit" object into `c`.
+void parse_section(Config& c, const std::string& section, const json& j, std::vector<std::string>& errors) {
+  if (!j.is_object()) {
+    errors.push_back(section + ": must be an object (got " + got(j) + ")");
+    return;
+  }
+  for (const auto& [key, v] : j.items()) {
+    std::string path = section + "." + key;
+    auto f = std::find_if(std::begin(kSectionFields), std::end(kSectionFields),
+                          [&](const SectionField& sf) { return path == sf.key; });
+    if (f == std::end(kSectionFields)) {
+      errors.push_back(path + ": unknown key");
+      continue;
+    }
+    std::string text;
+    switch (f->kind) {
+      case JsonKind::string:
+        if (!get_string(v, path, text, errors)) continue;
+        break;
+      case JsonKind::integer:
+        if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<std::uint64_t>() > INT64_MAX
+                                                               : v.get<std::int64_t>() < 0)) {
+          errors.push_back(path + ": " + rows_error(got(v)));
+          continue;
+        }
+        text = got(v);
+        break;
+      case JsonKind::duration:
+        if (v.is_string()) {
+          text = v.get<std::string>();
+        } else if (v.is_number_integer() && v.get<std::int64_t>() == 0) {
+          text = "0";
+        } else {
+          errors.push_back(path + ": " + duration_error(got(v)));
+          continue;
+        }
+        break;
+    }
+    if (auto e = f->set(c, text); !e.empty()) errors.push_back(path + ": " + e);
+  }
+}
+
 // Reads the JSON document into `c` without validating the whole. Returns false if the document
 // could not be parsed at all (then validating would only add noise).
 bool parse_json_into(Config& c, std::string_view text, std::string_view source,
@@ -387,6 +556,10 @@ bool parse_json_into(Config& c, std::string_view text, std::string_view source,
       for (std::size_t i = 0; i < v.size(); ++i) {
         c.routes.push_back(parse_route(v[i], "routes[" + std::to_string(i) + "]", errors));
       }
+      continue;
+    }
+    if (std::find(std::begin(kSections), std::end(kSections), key) != std::end(kSections)) {
+      parse_section(c, key, v, errors);
       continue;
     }
     auto num = std::find_if(std::begin(kNumFields), std::end(kNumFields),
@@ -481,8 +654,42 @@ bool Route::is_fenced(std::string_view method) const {
 }
 
 void validate(Config& c, std::vector<std::string>& errors) {
-  if (c.listen.host.empty() || c.listen.port == 0) {
+  // Port 0 is allowed for both listeners: the OS picks a free port and the process logs it.
+  if (c.listen.host.empty()) {
     errors.push_back("listen: expected \"host:port\" (got " + quote(c.listen.to_string()) + ")");
+  }
+  if (c.admin.listen.host.empty()) {
+    errors.push_back("admin.listen: expected \"host:port\" (got " + quote(c.admin.listen.to_string()) + ")");
+  }
+  if (!c.admin.token_file.empty()) {
+    // The token itself never appears in a message.
+    std::string text;
+    c.admin.token.clear();
+    if (std::string err = read_file(c.admin.token_file, text); !err.empty()) {
+      errors.push_back("admin.token_file: cannot read " + c.admin.token_file + ": " + err);
+    } else {
+      const char* ws = " \t\r\n\f\v";
+      std::size_t b = text.find_first_not_of(ws);
+      std::size_t e = text.find_last_not_of(ws);
+      std::string token = b == std::string::npos ? std::string() : text.substr(b, e - b + 1);
+      bool clean = std::all_of(token.begin(), token.end(), [](char ch) {
+        auto u = static_cast<unsigned char>(ch);
+        return u > 0x20 && u != 0x7f;
+      });
+      if (token.empty()) {
+        errors.push_back("admin.token_file: " + c.admin.token_file + " is empty");
+      } else if (!clean) {
+        errors.push_back("admin.token_file: " + c.admin.token_file +
+                         " must hold a single token (it has whitespace or control characters inside)");
+      } else {
+        c.admin.token = std::move(token);
+      }
+    }
+  } else if (!c.admin.listen.host.empty() && c.admin.token.empty() &&
+             !is_loopback_host(c.admin.listen.host)) {
+    // (A Config built in code may set admin.token directly; the loaders only fill it from the file.)
+    errors.push_back("admin.listen: binding the admin API to a non-loopback address (" +
+                     c.admin.listen.host + ") requires admin.token_file");
   }
   if (c.db.empty()) errors.push_back("db: must not be empty");
   if (c.threads == 0) c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -543,6 +750,18 @@ void validate(Config& c, std::vector<std::string>& errors) {
   }
 }
 
+std::vector<std::string> reload_incompatibilities(const Config& current, const Config& next) {
+  std::vector<std::string> errors;
+  auto check = [&](const char* field, const std::string& a, const std::string& b) {
+    if (a != b) errors.push_back(std::string(field) + ": changing it needs a restart (" + a + " -> " + b + ")");
+  };
+  check("listen", current.listen.to_string(), next.listen.to_string());
+  check("db", current.db, next.db);
+  check("threads", std::to_string(current.threads), std::to_string(next.threads));
+  check("admin.listen", current.admin.listen.to_string(), next.admin.listen.to_string());
+  return errors;
+}
+
 LoadResult load_json(std::string_view json_text, std::string_view source) {
   Config c;
   std::vector<std::string> errors;
@@ -558,6 +777,7 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
   std::set<std::string> known = {"--config", "--upstream", "--resource", "--mode"};
   for (const NumField& f : kNumFields) known.insert(flag_of(f.key));
   for (const StrField& f : kStrFields) known.insert(flag_of(f.key));
+  for (const SectionField& f : kSectionFields) known.insert(flag_of(f.key));
   std::map<std::string, std::string> flags;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -611,6 +831,7 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
 
   // 3. The file, if any.
   Config c;
+  c.args = args;
   auto config_file = chosen("config");
   bool parsed = true;
   if (config_file) {
@@ -625,6 +846,7 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
   }
 
   // 4. Environment, then flags, over the file's values. Each error names where the value came from.
+  std::map<std::string, Given> applied;  // section field -> the env/flag whose value it holds
   for (int pass = 0; pass < 2; ++pass) {
     auto get = [&](std::string_view key) { return pass == 0 ? env_value(key) : flag_value(key); };
     for (const NumField& f : kNumFields) {
@@ -635,6 +857,15 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
     for (const StrField& f : kStrFields) {
       if (auto g = get(f.key)) {
         if (auto e = f.set(c, g->value); !e.empty()) errors.push_back(g->source + ": " + e);
+      }
+    }
+    for (const SectionField& f : kSectionFields) {
+      if (auto g = get(f.key)) {
+        if (auto e = f.set(c, g->value); !e.empty()) {
+          errors.push_back(g->source + ": " + e);
+        } else {
+          applied[f.key] = *g;
+        }
       }
     }
   }
@@ -675,6 +906,23 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
   if (parsed) {
     std::size_t before = errors.size();
     validate(c, errors);
+    // validate() names admin.* fields by their JSON path; name the flag or variable that set them.
+    for (std::size_t i = before; i < errors.size(); ++i) {
+      for (const auto& [key, given] : applied) {
+        std::string prefix = key + ": ";
+        if (errors[i].rfind(prefix, 0) != 0) continue;
+        std::string rest = errors[i].substr(prefix.size());
+        if (key == "admin.listen") {
+          // "... requires admin.token_file": suggest the same kind of setting as was used.
+          const std::string tf = "admin.token_file";
+          std::string how = given.source.rfind("--", 0) == 0 ? flag_of(tf) : env_of(tf);
+          if (auto p = rest.rfind(tf); p != std::string::npos && p + tf.size() == rest.size()) {
+            rest = rest.substr(0, p) + how;
+          }
+        }
+        errors[i] = given.source + ": " + rest;
+      }
+    }
     if (!config_file) {
       // The flag-only route's fields came from a flag or env variable: name that, not routes[0].
       for (std::size_t i = before; i < errors.size(); ++i) {
@@ -726,15 +974,24 @@ std::string serve_usage() {
     line(flag_of(f.key) + " N", std::string(f.help) + "; " + std::to_string(f.min) + ".." + std::to_string(f.max),
          def, env_of(f.key));
   }
-  o << "  -h, --help                        show this help\n"
+  o << "\n"
+       "Admin API and audit retention (JSON: \"admin\": {\"listen\", \"token_file\"},\n"
+       "\"audit\": {\"max_age\", \"max_rows\"}):\n";
+  for (const SectionField& f : kSectionFields) {
+    line(flag_of(f.key) + " " + f.arg, f.help, f.get(d), env_of(f.key));
+  }
+  o << "\n"
+       "  -h, --help                        show this help\n"
        "\n"
        "JSON config file: an object with the keys above (listen, db, threads, ...) and \"routes\",\n"
        "an array of {\"prefix\", \"upstream\", \"resource\", \"mode\", \"write_methods\", \"fence_reads\"}.\n"
        "prefix and upstream are required; resource defaults to \"default\", mode to \"enforce\",\n"
        "write_methods to [\"POST\",\"PUT\",\"PATCH\",\"DELETE\"], fence_reads to false. A prefix may\n"
        "capture whole path segments, e.g. \"/tenants/{tenant}/\" with resource \"tenant-{tenant}\";\n"
-       "the longest matching prefix wins. Unknown keys are errors.\n"
+       "the longest matching prefix wins. Unknown keys are errors, also inside \"admin\" and \"audit\".\n"
        "  {\"listen\": \"0.0.0.0:8080\", \"db\": \"/var/lib/fencegate/fence.db\",\n"
+       "   \"admin\": {\"listen\": \"0.0.0.0:9901\", \"token_file\": \"/etc/fencegate/admin.token\"},\n"
+       "   \"audit\": {\"max_age\": \"30d\", \"max_rows\": 1000000},\n"
        "   \"routes\": [{\"prefix\": \"/tenants/{tenant}/\", \"upstream\": \"http://127.0.0.1:9000\",\n"
        "                \"resource\": \"tenant-{tenant}\"}]}\n";
   return o.str();

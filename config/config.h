@@ -71,9 +71,30 @@ struct Config {
 
   std::string log_level = "info";                        // debug|info|warn|error
 
+  // Admin listener (operations API). Binding off loopback requires a bearer token.
+  struct Admin {
+    Endpoint listen{"127.0.0.1", 9901};
+    std::string token_file;  // path; "" = no token (only allowed on a loopback bind)
+    std::string token;       // read from token_file at load (trimmed, non-empty), never logged
+  } admin;
+
+  // Audit retention, pruned in the background. 0 = unlimited.
+  struct Audit {
+    std::chrono::seconds max_age{0};
+    std::uint64_t max_rows = 0;
+  } audit;
+
   // Where the config came from (for reload and messages); empty for flag-only.
   std::string config_file;
+
+  // The serve arguments this config was loaded from; reload re-runs load_serve(args) so flags
+  // and environment keep overriding the file exactly as at start.
+  std::vector<std::string> args;
 };
+
+// Checks that `next` may replace `current` on a live process: listen, db, threads and
+// admin.listen need a restart. Returns the errors (empty if fine).
+std::vector<std::string> reload_incompatibilities(const Config& current, const Config& next);
 
 // Result of loading: either a valid config, or every error found (each names the field).
 struct LoadResult {

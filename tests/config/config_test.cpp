@@ -479,3 +479,318 @@ TEST_CASE("serve_usage documents every flag, its env variable and default") {
     CHECK_MESSAGE(u.find(s) != std::string::npos, s);
   }
 }
+
+// --- admin listener, audit retention, port 0, reload ---
+
+TEST_CASE("admin and audit defaults: loopback admin without a token, unlimited retention") {
+  auto r = load_json(kMinimal);
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  CHECK(r.config->admin.listen.to_string() == "127.0.0.1:9901");
+  CHECK(r.config->admin.token_file.empty());
+  CHECK(r.config->admin.token.empty());
+  CHECK(r.config->audit.max_age.count() == 0);
+  CHECK(r.config->audit.max_rows == 0);
+}
+
+TEST_CASE("JSON admin and audit objects are read; the token file is read and trimmed") {
+  TempFile token("  s3cr3t-Tok3n\n\n");
+  auto r = load_json(R"({"admin": {"listen": "0.0.0.0:9999", "token_file": ")" + token.path() + R"("},
+                         "audit": {"max_age": "30d", "max_rows": 1000000},
+                         "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  const Config& c = *r.config;
+  CHECK(c.admin.listen.to_string() == "0.0.0.0:9999");
+  CHECK(c.admin.token_file == token.path());
+  CHECK(c.admin.token == "s3cr3t-Tok3n");
+  CHECK(c.audit.max_age == std::chrono::hours(24 * 30));
+  CHECK(c.audit.max_rows == 1000000);
+}
+
+TEST_CASE("a non-loopback admin listener requires a token file") {
+  auto admin = [](const std::string& listen) {
+    return load_json(R"({"admin": {"listen": ")" + listen +
+                     R"("}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  };
+  auto r = admin("0.0.0.0:9901");
+  CHECK_FALSE(r.config);
+  CHECK(r.errors == std::vector<std::string>{
+                        "admin.listen: binding the admin API to a non-loopback address (0.0.0.0) "
+                        "requires admin.token_file"});
+  for (const char* bad : {"[::]:9901", "10.0.0.1:9901", "example.com:9901", "[::2]:1", "127.example.com:1"}) {
+    CHECK_MESSAGE(has_error_starting(admin(bad), "admin.listen: binding the admin API to a non-loopback"), bad);
+  }
+  for (const char* ok : {"127.0.0.1:9901", "127.1.2.3:1", "[::1]:9901", "[0:0:0:0:0:0:0:1]:1", "localhost:1",
+                         "LocalHost:1", "[::ffff:127.0.0.1]:1"}) {
+    auto o = admin(ok);
+    CHECK_MESSAGE(o.config.has_value(), ok, " ", joined(o.errors));
+  }
+
+  // From a flag or variable, the message names it and the matching way to give a token file.
+  auto f = load_serve({"--upstream", "http://h:1", "--admin-listen", "0.0.0.0:9901"}, empty_env);
+  CHECK(f.errors == std::vector<std::string>{
+                        "--admin-listen: binding the admin API to a non-loopback address (0.0.0.0) "
+                        "requires --admin-token-file"});
+  g_env = {{"FENCEGATE_UPSTREAM", "http://h:1"}, {"FENCEGATE_ADMIN_LISTEN", "[::]:9901"}};
+  auto e = load_serve({}, fake_env);
+  g_env.clear();
+  CHECK(e.errors == std::vector<std::string>{
+                        "FENCEGATE_ADMIN_LISTEN: binding the admin API to a non-loopback address (::) "
+                        "requires FENCEGATE_ADMIN_TOKEN_FILE"});
+
+  // With a token file from any source it loads.
+  TempFile token("tok\n");
+  auto ok = load_serve({"--upstream", "http://h:1", "--admin-listen=0.0.0.0:9901", "--admin-token-file",
+                        token.path()},
+                       empty_env);
+  REQUIRE_MESSAGE(ok.config, joined(ok.errors));
+  CHECK(ok.config->admin.token == "tok");
+  g_env = {{"FENCEGATE_UPSTREAM", "http://h:1"}, {"FENCEGATE_ADMIN_LISTEN", "0.0.0.0:9901"},
+           {"FENCEGATE_ADMIN_TOKEN_FILE", token.path()}};
+  auto ok_env = load_serve({}, fake_env);
+  g_env.clear();
+  REQUIRE_MESSAGE(ok_env.config, joined(ok_env.errors));
+  CHECK(ok_env.config->admin.token == "tok");
+  CHECK(ok_env.config->admin.token_file == token.path());
+
+  // A Config built in code may carry the token directly.
+  Config c;
+  c.routes.push_back(Route{});
+  c.routes[0].prefix = "/";
+  c.routes[0].upstream = "http://h:1";
+  c.admin.listen = {"0.0.0.0", 9901};
+  std::vector<std::string> errors;
+  validate(c, errors);
+  CHECK(errors.size() == 1);
+  errors.clear();
+  c.admin.token = "in-code";
+  validate(c, errors);
+  CHECK_MESSAGE(errors.empty(), joined(errors));
+}
+
+TEST_CASE("token file problems name the file and never the token") {
+  auto with_token_file = [](const std::string& path) {
+    return load_json(R"({"admin": {"token_file": ")" + path +
+                     R"("}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  };
+  auto missing = with_token_file("/nonexistent/fencegate.token");
+  CHECK(missing.errors == std::vector<std::string>{
+                              "admin.token_file: cannot read /nonexistent/fencegate.token: No such file or directory"});
+  auto dir = with_token_file("/tmp");
+  CHECK(dir.errors == std::vector<std::string>{"admin.token_file: cannot read /tmp: Is a directory"});
+
+  TempFile empty("");
+  CHECK(with_token_file(empty.path()).errors ==
+        std::vector<std::string>{"admin.token_file: " + empty.path() + " is empty"});
+  TempFile blank(" \n\t\r\n");
+  CHECK(with_token_file(blank.path()).errors ==
+        std::vector<std::string>{"admin.token_file: " + blank.path() + " is empty"});
+
+  TempFile two("topsecret1\ntopsecret2\n");
+  auto t = with_token_file(two.path());
+  REQUIRE(t.errors.size() == 1);
+  CHECK(t.errors[0].rfind("admin.token_file: " + two.path() + " must hold a single token", 0) == 0);
+  CHECK(t.errors[0].find("topsecret") == std::string::npos);
+
+  CHECK(has_error(load_json(R"({"admin": {"token_file": ""}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})"),
+                  "admin.token_file: must not be empty"));
+
+  // From a flag, the flag is named.
+  auto flag = load_serve({"--upstream", "http://h:1", "--admin-token-file", "/nonexistent/t"}, empty_env);
+  CHECK(flag.errors == std::vector<std::string>{
+                           "--admin-token-file: cannot read /nonexistent/t: No such file or directory"});
+  CHECK(has_error(load_serve({"--upstream", "http://h:1", "--admin-token-file="}, empty_env),
+                  "--admin-token-file: missing value"));
+}
+
+TEST_CASE("audit.max_age: integer + s|m|h|d, or 0 for unlimited") {
+  auto age = [](const std::string& json_value) {
+    return load_json(R"({"audit": {"max_age": )" + json_value +
+                     R"(}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  };
+  const std::pair<const char*, long long> good[] = {
+      {R"("90s")", 90},       {R"("15m")", 900},     {R"("12h")", 43200}, {R"("30d")", 2592000},
+      {R"("0")", 0},          {"0", 0},              {R"("0s")", 0},      {R"("1s")", 1},
+      {R"("36500d")", 36500LL * 86400}};
+  for (const auto& [in, secs] : good) {
+    auto r = age(in);
+    REQUIRE_MESSAGE(r.config, in, " ", joined(r.errors));
+    CHECK_MESSAGE(r.config->audit.max_age.count() == secs, in);
+  }
+  const std::string hint = "audit.max_age: must be a duration such as \"90s\", \"15m\", \"12h\" or \"30d\", "
+                           "or 0 for unlimited (got ";
+  for (const char* bad : {R"("30")", R"("30x")", R"("d")", R"("")", R"("-1d")", R"("1.5h")", R"("30D")",
+                          R"(" 30d")", R"("30d ")", R"("+5m")", R"("5ms")", "5", "-1", "1.5", "true", "null"}) {
+    auto r = age(bad);
+    CHECK_FALSE_MESSAGE(r.config, bad);
+    CHECK_MESSAGE(r.errors == std::vector<std::string>{hint + bad + ")"}, bad, " ", joined(r.errors));
+  }
+  CHECK(has_error(age(R"("36501d")"), "audit.max_age: must be at most 36500d (got \"36501d\")"));
+  CHECK(has_error(age(R"("99999999999999999999s")"),
+                  "audit.max_age: must be at most 36500d (got \"99999999999999999999s\")"));
+
+  auto flag = load_serve({"--upstream", "http://h:1", "--audit-max-age", "12h"}, empty_env);
+  REQUIRE_MESSAGE(flag.config, joined(flag.errors));
+  CHECK(flag.config->audit.max_age.count() == 43200);
+  CHECK(has_error(load_serve({"--upstream", "http://h:1", "--audit-max-age", "12"}, empty_env),
+                  "--audit-max-age: must be a duration such as \"90s\", \"15m\", \"12h\" or \"30d\", "
+                  "or 0 for unlimited (got \"12\")"));
+  g_env = {{"FENCEGATE_UPSTREAM", "http://h:1"}, {"FENCEGATE_AUDIT_MAX_AGE", "15m"}};
+  auto env = load_serve({}, fake_env);
+  g_env.clear();
+  REQUIRE_MESSAGE(env.config, joined(env.errors));
+  CHECK(env.config->audit.max_age.count() == 900);
+}
+
+TEST_CASE("audit.max_rows: integer >= 0, 0 for unlimited") {
+  auto rows = [](const std::string& json_value) {
+    return load_json(R"({"audit": {"max_rows": )" + json_value +
+                     R"(}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  };
+  auto zero = rows("0");
+  REQUIRE_MESSAGE(zero.config, joined(zero.errors));
+  CHECK(zero.config->audit.max_rows == 0);
+  auto big = rows("9223372036854775807");
+  REQUIRE_MESSAGE(big.config, joined(big.errors));
+  CHECK(big.config->audit.max_rows == 9223372036854775807ull);
+  for (const char* bad : {"-1", "1.5", R"("10")", "9223372036854775808", "null"}) {
+    CHECK_MESSAGE(has_error(rows(bad), std::string("audit.max_rows: must be an integer between 0 and "
+                                                   "9223372036854775807, 0 for unlimited (got ") +
+                                           bad + ")"),
+                  bad);
+  }
+  auto flag = load_serve({"--upstream", "http://h:1", "--audit-max-rows=500"}, empty_env);
+  REQUIRE_MESSAGE(flag.config, joined(flag.errors));
+  CHECK(flag.config->audit.max_rows == 500);
+  CHECK(has_error_starting(load_serve({"--upstream", "http://h:1", "--audit-max-rows", "-1"}, empty_env),
+                           "--audit-max-rows: must be an integer between 0 and"));
+  g_env = {{"FENCEGATE_UPSTREAM", "http://h:1"}, {"FENCEGATE_AUDIT_MAX_ROWS", "lots"}};
+  auto env = load_serve({}, fake_env);
+  g_env.clear();
+  CHECK(has_error_starting(env, "FENCEGATE_AUDIT_MAX_ROWS: must be an integer between 0 and"));
+}
+
+TEST_CASE("admin and audit: unknown keys, wrong types, duplicates") {
+  auto r = load_json(R"({"admin": {"lsiten": "127.0.0.1:1", "token": "x"}, "audit": {"max_ages": "1d"},
+                         "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  CHECK_FALSE(r.config);
+  INFO(joined(r.errors));
+  CHECK(has_error(r, "admin.lsiten: unknown key"));
+  CHECK(has_error(r, "admin.token: unknown key"));
+  CHECK(has_error(r, "audit.max_ages: unknown key"));
+  CHECK(r.errors.size() == 3);
+
+  auto t = load_json(R"({"admin": "127.0.0.1:1", "audit": [], "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  CHECK(has_error(t, "admin: must be an object (got \"127.0.0.1:1\")"));
+  CHECK(has_error(t, "audit: must be an object (got [])"));
+
+  auto l = load_json(R"({"admin": {"listen": 9901}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  CHECK(has_error(l, "admin.listen: must be a string (got 9901)"));
+  auto n = load_json(R"({"admin": {"listen": "nocolon"}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  CHECK(has_error(n, "admin.listen: expected \"host:port\" (got \"nocolon\")"));
+
+  auto d = load_json(R"({"audit": {"max_rows": 1, "max_rows": 2}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  CHECK(has_error(d, "audit.max_rows: duplicate key"));
+
+  // Section fields exist only inside their object, not as dotted top-level keys.
+  auto dotted = load_json(R"({"admin.listen": "127.0.0.1:1", "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  CHECK(has_error(dotted, "admin.listen: unknown key"));
+}
+
+TEST_CASE("port 0 (any free port) is accepted for listen and admin.listen, not for upstreams") {
+  auto r = load_json(R"({"listen": "127.0.0.1:0", "admin": {"listen": "[::1]:0"},
+                         "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  CHECK(r.config->listen.port == 0);
+  CHECK(r.config->admin.listen.port == 0);
+  CHECK(r.config->admin.listen.host == "::1");
+
+  auto f = load_serve({"--upstream", "http://h:1", "--listen", "0.0.0.0:0", "--admin-listen", "localhost:0"},
+                      empty_env);
+  REQUIRE_MESSAGE(f.config, joined(f.errors));
+  CHECK(f.config->listen.to_string() == "0.0.0.0:0");
+  CHECK(f.config->admin.listen.to_string() == "localhost:0");
+
+  auto high = load_serve({"--upstream", "http://h:1", "--listen", "h:65536", "--admin-listen", "h:-1"}, empty_env);
+  INFO(joined(high.errors));
+  CHECK(has_error(high, "--listen: port must be between 0 and 65535, 0 meaning any free port (got \"65536\")"));
+  CHECK(has_error(high, "--admin-listen: port must be between 0 and 65535, 0 meaning any free port (got \"-1\")"));
+  CHECK(has_error_starting(load_serve({"--upstream", "http://h:0"}, empty_env),
+                           "--upstream: port must be between 1 and 65535"));
+}
+
+TEST_CASE("Config::args records the load_serve arguments, so reload can load the same way") {
+  TempFile f(R"({"listen": "127.0.0.1:8080", "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  std::vector<std::string> args = {"--config", f.path(), "--threads", "2", "--audit-max-rows=7"};
+  auto r = load_serve(args, empty_env);
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  CHECK(r.config->args == args);
+  auto again = load_serve(r.config->args, empty_env);
+  REQUIRE_MESSAGE(again.config, joined(again.errors));
+  CHECK(again.config->threads == 2);
+  CHECK(again.config->audit.max_rows == 7);
+  CHECK(reload_incompatibilities(*r.config, *again.config).empty());
+
+  auto flag_only = load_serve({"--upstream", "http://h:1"}, empty_env);
+  REQUIRE(flag_only.config);
+  CHECK(flag_only.config->args == std::vector<std::string>{"--upstream", "http://h:1"});
+  CHECK(load_json(kMinimal).config->args.empty());
+}
+
+TEST_CASE("reload_incompatibilities: listen, db, threads and admin.listen need a restart") {
+  auto base = load_json(kMinimal);
+  REQUIRE(base.config);
+  const Config& cur = *base.config;
+  CHECK(reload_incompatibilities(cur, cur).empty());
+
+  // Everything else may change on a live process.
+  Config next = cur;
+  next.routes.push_back(next.routes[0]);
+  next.routes[1].prefix = "/b/";
+  next.routes[0].mode = Mode::observe;
+  next.max_body_bytes = 5;
+  next.max_connections = 3;
+  next.upstream_timeout = std::chrono::milliseconds(1);
+  next.drain_timeout = std::chrono::milliseconds(2);
+  next.token_header = "X-T";
+  next.leader_header = "X-L";
+  next.log_level = "debug";
+  next.audit.max_age = std::chrono::seconds(60);
+  next.audit.max_rows = 10;
+  next.admin.token_file = "/other";
+  next.admin.token = "rotated";
+  CHECK(reload_incompatibilities(cur, next).empty());
+
+  next.listen = {"127.0.0.1", 8081};
+  next.db = "/other.db";
+  next.threads = cur.threads + 1;
+  next.admin.listen = {"::1", 9901};
+  auto errors = reload_incompatibilities(cur, next);
+  INFO(joined(errors));
+  CHECK(errors == std::vector<std::string>{
+                      "listen: changing it needs a restart (127.0.0.1:8080 -> 127.0.0.1:8081)",
+                      "db: changing it needs a restart (./fence.db -> /other.db)",
+                      "threads: changing it needs a restart (" + std::to_string(cur.threads) + " -> " +
+                          std::to_string(cur.threads + 1) + ")",
+                      "admin.listen: changing it needs a restart (127.0.0.1:9901 -> [::1]:9901)"});
+
+  // Reloading an edited file: a route change is fine, a listen change is reported.
+  TempFile f(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  auto first = load_serve({"--config", f.path()}, empty_env);
+  REQUIRE_MESSAGE(first.config, joined(first.errors));
+  std::ofstream(f.path()) << R"({"listen": "127.0.0.1:8081", "audit": {"max_age": "1d"},
+                                 "routes": [{"prefix": "/", "upstream": "http://h:2"}]})";
+  auto second = load_serve(first.config->args, empty_env);
+  REQUIRE_MESSAGE(second.config, joined(second.errors));
+  CHECK(second.config->routes[0].upstream_addr.port == 2);
+  CHECK(reload_incompatibilities(*first.config, *second.config) ==
+        std::vector<std::string>{"listen: changing it needs a restart (127.0.0.1:8080 -> 127.0.0.1:8081)"});
+}
+
+TEST_CASE("serve_usage documents the admin and audit settings") {
+  std::string u = serve_usage();
+  for (const char* s : {"--admin-listen", "FENCEGATE_ADMIN_LISTEN", "--admin-token-file", "FENCEGATE_ADMIN_TOKEN_FILE",
+                        "--audit-max-age", "FENCEGATE_AUDIT_MAX_AGE", "--audit-max-rows", "FENCEGATE_AUDIT_MAX_ROWS",
+                        "(default \"127.0.0.1:9901\")", "\"admin\"", "\"audit\"", "30d", "port 0", "token file"}) {
+    CHECK_MESSAGE(u.find(s) != std::string::npos, s);
+  }
+}
