@@ -28,6 +28,8 @@ struct FenceResource {
   bool committing = false;  // a store.advance() is outstanding
   bool drain_armed = false;
   std::chrono::steady_clock::time_point drain_deadline;
+  std::chrono::steady_clock::time_point drain_started;  // valid while draining
+  bool draining = false;
 };
 
 struct Fence::After {
@@ -36,6 +38,7 @@ struct Fence::After {
   std::int64_t target = 0;
   std::string leader;
   bool drain_wait = false;
+  double drained_seconds = -1;  // >= 0: a drain ended, report it
 };
 
 Fence::Fence(store::Store& store, std::chrono::milliseconds drain_timeout, std::size_t max_resources)
@@ -88,6 +91,23 @@ std::int64_t Fence::current(const std::string& resource) {
   }
   std::lock_guard lk(r->mu);
   return r->stored;
+}
+
+std::vector<ResourceView> Fence::snapshot() {
+  std::vector<FenceResource*> all;
+  {
+    std::lock_guard lk(map_mu_);
+    all.reserve(resources_.size());
+    for (auto& [_, r] : resources_) all.push_back(r.get());
+  }
+  std::vector<ResourceView> out;
+  out.reserve(all.size());
+  for (FenceResource* r : all) {
+    std::lock_guard lk(r->mu);
+    out.push_back(ResourceView{r->name, r->stored, r->seen, r->inflight, r->waiting.size()});
+  }
+  std::sort(out.begin(), out.end(), [](const ResourceView& a, const ResourceView& b) { return a.name < b.name; });
+  return out;
 }
 
 FenceStats Fence::stats() {
@@ -150,7 +170,9 @@ void Fence::start_advance(FenceResource* r, After& after) {
   // Older writes are still in flight: wait for them, up to the drain timeout.
   after.drain_wait = true;
   r->drain_armed = true;
-  r->drain_deadline = std::chrono::steady_clock::now() + drain_timeout_;
+  r->draining = true;
+  r->drain_started = std::chrono::steady_clock::now();
+  r->drain_deadline = r->drain_started + drain_timeout_;
   {
     std::lock_guard tl(timer_mu_);
     deadlines_.emplace(r->drain_deadline, r);
@@ -162,12 +184,18 @@ void Fence::start_advance(FenceResource* r, After& after) {
 void Fence::begin_commit(FenceResource* r, After& after) {
   r->committing = true;
   r->drain_armed = false;
+  if (r->draining) {
+    r->draining = false;
+    after.drained_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - r->drain_started).count();
+  }
   after.commit = r;
   after.target = r->seen;
   after.leader = r->seen_leader;
 }
 
 void Fence::run(After& after) {
+  if (after.drained_seconds >= 0 && drain_observer_) drain_observer_(after.drained_seconds);
   if (after.drain_wait) {
     std::lock_guard lk(stats_mu_);
     ++stats_.drain_waits;

@@ -67,6 +67,14 @@ struct Decision {
 
 using DecisionFn = std::function<void(Decision)>;
 
+struct ResourceView {
+  std::string name;
+  std::int64_t stored = 0;
+  std::int64_t seen = 0;
+  std::size_t inflight = 0;
+  std::size_t waiting = 0;
+};
+
 struct FenceStats {
   std::uint64_t advances = 0;
   std::uint64_t drain_waits = 0;
@@ -104,6 +112,13 @@ class Fence {
 
   FenceStats stats();
 
+  // Every resource the fence holds, sorted by name (for the admin API and metrics).
+  std::vector<ResourceView> snapshot();
+
+  // Called (on whichever thread ends the drain) with how long each drain waited.
+  // REQUIRES: set before traffic starts.
+  void set_drain_observer(std::function<void(double seconds)> obs) { drain_observer_ = std::move(obs); }
+
  private:
   FenceResource* find_or_create(const std::string& resource);  // nullptr iff over the cap
   struct After;  // work to run once a resource's lock is released
@@ -128,6 +143,8 @@ class Fence {
   std::multimap<std::chrono::steady_clock::time_point, FenceResource*> deadlines_;
   bool stopping_ = false;
   std::thread timer_;
+
+  std::function<void(double)> drain_observer_;  // constant once traffic starts
 
   // Guarded by stats_mu_
   std::mutex stats_mu_;

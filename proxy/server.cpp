@@ -8,6 +8,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -21,9 +22,12 @@
 
 #include "config/router.h"
 #include "fence_store/store.h"
+#include "proxy/admin.h"
 #include "proxy/fence.h"
 #include "proxy/head.h"
 #include "proxy/log.h"
+#include "proxy/metrics.h"
+#include "proxy/runtime.h"
 #include "proxy/token.h"
 
 namespace fencegate::proxy {
@@ -45,20 +49,12 @@ constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this
 // ---------------------------------------------------------------------------------------------
 // Shared state (constant after start, or atomic).
 
-struct UpstreamTarget {
-  std::string key;                       // "host:port"
-  std::vector<tcp::endpoint> endpoints;  // resolved at start
-};
-
-struct Shared {
-  std::shared_ptr<const config::Config> cfg;
-  std::unique_ptr<config::Router> router;
-  store::Store* store = nullptr;
-  Fence* fence = nullptr;
-  std::unordered_map<const config::Route*, UpstreamTarget> upstreams;
+// Process-wide state of the data path that is not part of the config.
+struct ServerState {
+  explicit ServerState(Runtime& r) : rt(r) {}
+  Runtime& rt;
   std::atomic<std::size_t> connections{0};
   std::atomic<std::size_t> active_requests{0};
-  std::atomic<bool> stopping{false};
 };
 
 struct UpConn {
@@ -248,7 +244,8 @@ bool still_open(tcp::socket& s) {
 
 class Session {
  public:
-  Session(Shared& sh, Worker& w, tcp::socket sock) : sh_(sh), w_(w), client_(std::move(sock)) {
+  Session(ServerState& st, Worker& w, tcp::socket sock)
+      : st_(st), rt_(st.rt), w_(w), client_(std::move(sock)), snap_(rt_.snapshot()) {
     boost::system::error_code ec;
     auto ep = client_.socket().remote_endpoint(ec);
     if (!ec) {
@@ -270,16 +267,21 @@ class Session {
   awaitable<store::Status> audit_sync(store::AuditRow row);
   awaitable<bool> discard(std::uint64_t n);
   awaitable<bool> forward(http::request_parser<http::buffer_body>& p, const config::Route& route,
-                          bool client_keep_alive, int version, bool expect_continue,
+                          const std::string& resource, bool client_keep_alive, int version, bool expect_continue,
                           std::shared_ptr<Exchange> ex, const FenceMarks& marks);
-  awaitable<std::unique_ptr<UpConn>> take_upstream(const UpstreamTarget& t, std::shared_ptr<Exchange>& ex,
+  awaitable<std::unique_ptr<UpConn>> take_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
                                                    boost::system::error_code& ec);
-  void give_back(const UpstreamTarget& t, std::unique_ptr<UpConn> c);
+  void give_back(const config::Route& route, std::unique_ptr<UpConn> c);
 
-  Shared& sh_;
+  const config::Config& cfg() const { return *snap_->cfg; }
+  void count(const std::string& resource, Outcome o) { rt_.metrics.count(resource, o); }
+
+  ServerState& st_;
+  Runtime& rt_;
   Worker& w_;
   beast::tcp_stream client_;
   beast::flat_buffer buf_;
+  std::shared_ptr<const Snapshot> snap_;  // the config this request runs under
   std::string client_ip_, client_addr_;
   bool client_v6_ = false;
 };
@@ -288,17 +290,18 @@ awaitable<void> Session::run() {
   bool first = true;
   for (;;) {
     std::size_t head_len = 0;
+    snap_ = rt_.snapshot();  // a reload applies from the next request on
     if (!co_await read_head(&head_len, first)) break;
     first = false;
-    sh_.active_requests.fetch_add(1, std::memory_order_relaxed);
+    st_.active_requests.fetch_add(1, std::memory_order_relaxed);
     bool again = false;
     try {
       again = co_await handle(head_len);
     } catch (const std::exception& e) {
       log::error("request failed", {log::kv("error", e.what()), log::kv("client", client_addr_)});
     }
-    sh_.active_requests.fetch_sub(1, std::memory_order_relaxed);
-    if (!again || sh_.stopping.load(std::memory_order_relaxed)) break;
+    st_.active_requests.fetch_sub(1, std::memory_order_relaxed);
+    if (!again || rt_.stopping.load(std::memory_order_relaxed)) break;
   }
   boost::system::error_code ec;
   client_.socket().shutdown(tcp::socket::shutdown_send, ec);
@@ -308,7 +311,7 @@ awaitable<void> Session::run() {
 // Reads until buf_ holds a complete request head. Returns false when the connection should just
 // close (peer closed, idle timeout, or an error reply was already sent).
 awaitable<bool> Session::read_head(std::size_t* head_len, bool first) {
-  const auto& cfg = *sh_.cfg;
+  const auto& cfg = this->cfg();
   std::size_t checked = 0;
   bool started = buf_.size() > 0;
   client_.expires_after(started || first ? cfg.header_timeout : cfg.idle_timeout);
@@ -358,7 +361,7 @@ awaitable<bool> Session::read_head(std::size_t* head_len, bool first) {
 awaitable<bool> Session::reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks) {
   std::string r = local_reply(p, keep_alive, version, marks);
   boost::system::error_code ec;
-  client_.expires_after(sh_.cfg->body_timeout);
+  client_.expires_after(cfg().body_timeout);
   co_await net::async_write(client_, net::buffer(r), net::redirect_error(use_awaitable, ec));
   co_return !ec && keep_alive;
 }
@@ -367,7 +370,7 @@ awaitable<bool> Session::reply(const Problem& p, bool keep_alive, int version, c
 awaitable<bool> Session::discard(std::uint64_t n) {
   while (buf_.size() < n) {
     boost::system::error_code ec;
-    client_.expires_after(sh_.cfg->body_timeout);
+    client_.expires_after(cfg().body_timeout);
     std::size_t got = co_await client_.async_read_some(buf_.prepare(n - buf_.size()), net::redirect_error(use_awaitable, ec));
     buf_.commit(got);
     if (ec) co_return false;
@@ -379,14 +382,14 @@ awaitable<bool> Session::discard(std::uint64_t n) {
 awaitable<store::Status> Session::audit_sync(store::AuditRow row) {
   auto slot = std::make_shared<Slot<store::Status>>(w_.ioc);
   net::io_context& ioc = w_.ioc;
-  sh_.store->append_audit(std::move(row), [slot, &ioc](store::Status st) { Slot<store::Status>::fulfil(slot, ioc, std::move(st)); });
+  rt_.store.append_audit(std::move(row), [slot, &ioc](store::Status st) { Slot<store::Status>::fulfil(slot, ioc, std::move(st)); });
   co_return co_await slot->wait();
 }
 
 enum class TokenState { ok, missing, malformed };
 
 awaitable<bool> Session::handle(std::size_t head_len) {
-  const auto& cfg = *sh_.cfg;
+  const auto& cfg = this->cfg();
   std::string_view data(static_cast<const char*>(buf_.data().data()), buf_.size());
   RequestHead head;
   scan_request_head(data, cfg.max_header_bytes, &head);
@@ -444,7 +447,7 @@ awaitable<bool> Session::handle(std::size_t head_len) {
                              false, version, {});
 
   // Route: the resource comes from the route and the path, never from a header.
-  config::Router::Match m = sh_.router->match(head.target);
+  config::Router::Match m = snap_->router.match(head.target);
   if (m.outcome == config::Router::Outcome::bad_target)
     co_return co_await reply(Problem{400, "bad-target", "Bad request", m.reason}, false, version, {});
   if (m.outcome == config::Router::Outcome::no_route)
@@ -467,7 +470,7 @@ awaitable<bool> Session::handle(std::size_t head_len) {
   // Fence decision.
   const bool fenced = route.mode != Mode::off && route.is_fenced(head.method);
   FenceMarks marks;
-  auto ex = std::make_shared<Exchange>(*sh_.fence);
+  auto ex = std::make_shared<Exchange>(rt_.fence);
   if (fenced) {
     std::string_view tv, lv;
     std::size_t nt = head.count(cfg.token_header, &tv);
@@ -503,7 +506,7 @@ awaitable<bool> Session::handle(std::size_t head_len) {
       row.current_generation = current;
       row.method = std::string(head.method);
       row.target = std::string(head.target.substr(0, 2048));
-      row.client = client_addr_;
+      row.client = client_ip_;
       row.leader = leader;
       row.mode = enforce ? "enforce" : "observe";
       std::string_view ua;
@@ -511,12 +514,27 @@ awaitable<bool> Session::handle(std::size_t head_len) {
       return row;
     };
 
+    // Every rejection (and would-be rejection) is counted and logged with its context.
+    auto note = [&](Outcome o, std::int64_t current) {
+      count(m.resource, o);
+      const bool would = o == Outcome::would_reject_stale || o == Outcome::would_reject_missing ||
+                         o == Outcome::would_reject_malformed;
+      log::write(would ? log::Level::info : log::Level::warn, would ? "would reject write" : "rejected write",
+                 {log::kv("decision", to_string(o)), log::kv("resource", m.resource),
+                  log::kv("presented_generation", g), log::kv("current_generation", current),
+                  log::kv("leader", leader), log::kv("client", client_ip_), log::kv("method", head.method),
+                  log::kv("target", head.target.substr(0, 256))});
+    };
+
     if (ts != TokenState::ok) {
-      std::int64_t cur = sh_.fence->current(m.resource);
+      std::int64_t cur = rt_.fence.current(m.resource);
       marks.generation = cur;
       const char* kind = ts == TokenState::missing ? "missing" : "malformed";
       if (enforce) {
         store::Status st = co_await audit_sync(audit_row(std::string("rejected_") + kind, cur));
+        note(st.ok() ? (ts == TokenState::missing ? Outcome::rejected_missing : Outcome::rejected_malformed)
+                     : Outcome::store_error,
+             cur);
         if (!st.ok())
           co_return co_await refuse(Problem{503, "store-unavailable", "Fence store unavailable",
                                             "the audit row could not be made durable: " + st.message(),
@@ -528,7 +546,8 @@ awaitable<bool> Session::handle(std::size_t head_len) {
         co_return co_await refuse(Problem{400, "malformed-token", "Malformed fencing token", why, m.resource,
                                           std::nullopt, cur}, marks);
       }
-      sh_.store->append_audit(audit_row(std::string("would_reject_") + kind, cur), nullptr);
+      rt_.store.append_audit(audit_row(std::string("would_reject_") + kind, cur), nullptr);
+      note(ts == TokenState::missing ? Outcome::would_reject_missing : Outcome::would_reject_malformed, cur);
       marks.observe = std::string("would_reject_") + kind;
     } else {
       Decision d;
@@ -550,21 +569,23 @@ awaitable<bool> Session::handle(std::size_t head_len) {
             }
           });
         };
-        now = sh_.fence->admit(m.resource, g, leader, &ex->node, &d, later);
+        now = rt_.fence.admit(m.resource, g, leader, &ex->node, &d, later);
       } else {
-        now = sh_.fence->observe(m.resource, g, leader, &d, later);
+        now = rt_.fence.observe(m.resource, g, leader, &d, later);
       }
       if (!now) d = co_await slot->wait();
       marks.generation = d.current;
       switch (d.verdict) {
         case Verdict::admit:
           if (d.observe_stale) {
-            sh_.store->append_audit(audit_row("would_reject_stale", d.newest), nullptr);
+            rt_.store.append_audit(audit_row("would_reject_stale", d.newest), nullptr);
+            note(Outcome::would_reject_stale, d.newest);
             marks.observe = "would_reject_stale";
           }
           break;
         case Verdict::stale: {
           store::Status st = co_await audit_sync(audit_row("rejected_stale", d.newest));
+          note(st.ok() ? Outcome::rejected_stale : Outcome::store_error, d.newest);
           if (!st.ok())
             co_return co_await refuse(Problem{503, "store-unavailable", "Fence store unavailable",
                                               "the audit row could not be made durable: " + st.message(),
@@ -575,6 +596,7 @@ awaitable<bool> Session::handle(std::size_t head_len) {
                                             m.resource, g, d.newest}, marks);
         }
         case Verdict::store_error:
+          note(Outcome::store_error, d.current);
           if (enforce)
             co_return co_await refuse(Problem{503, "store-unavailable", "Fence store unavailable",
                                               "the new generation could not be made durable; nothing was forwarded",
@@ -604,12 +626,12 @@ awaitable<bool> Session::handle(std::size_t head_len) {
     }
     buf_.consume(head_len);
   }
-  co_return co_await forward(p, route, client_keep_alive, version, expect_continue, std::move(ex), marks);
+  co_return co_await forward(p, route, m.resource, client_keep_alive, version, expect_continue, std::move(ex), marks);
 }
 
-awaitable<std::unique_ptr<UpConn>> Session::take_upstream(const UpstreamTarget& t, std::shared_ptr<Exchange>& ex,
+awaitable<std::unique_ptr<UpConn>> Session::take_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
                                                           boost::system::error_code& ec) {
-  auto& pool = w_.idle[t.key];
+  auto& pool = w_.idle[route.upstream];
   while (!pool.empty()) {
     auto c = std::move(pool.back());
     pool.pop_back();
@@ -617,42 +639,59 @@ awaitable<std::unique_ptr<UpConn>> Session::take_upstream(const UpstreamTarget& 
   }
   auto c = std::make_unique<UpConn>(w_.ioc);
   ex->up = std::move(c);  // visible to a drain abort while connecting
-  ex->up->stream.expires_after(sh_.cfg->upstream_connect_timeout);
-  co_await ex->up->stream.async_connect(t.endpoints, net::redirect_error(use_awaitable, ec));
+  ex->up->stream.expires_after(cfg().upstream_connect_timeout);
+  std::vector<tcp::endpoint> endpoints;
+  for (const auto& a : snap_->upstreams[snap_->route_index(&route)]) {
+    boost::system::error_code aec;
+    auto addr = net::ip::make_address(a.ip, aec);
+    if (!aec) endpoints.emplace_back(addr, a.port);
+  }
+  co_await ex->up->stream.async_connect(endpoints, net::redirect_error(use_awaitable, ec));
   c = std::move(ex->up);
   if (!ec) set_nodelay(c->stream.socket());
   co_return c;
 }
 
-void Session::give_back(const UpstreamTarget& t, std::unique_ptr<UpConn> c) {
-  auto& pool = w_.idle[t.key];
-  if (pool.size() >= sh_.cfg->upstream_idle_per_thread) return;
+void Session::give_back(const config::Route& route, std::unique_ptr<UpConn> c) {
+  auto& pool = w_.idle[route.upstream];
+  if (pool.size() >= cfg().upstream_idle_per_thread) return;
   c->stream.expires_never();
   c->idle_since = std::chrono::steady_clock::now();
   pool.push_back(std::move(c));
 }
 
 awaitable<bool> Session::forward(http::request_parser<http::buffer_body>& p, const config::Route& route,
-                                 bool client_keep_alive, int version, bool expect_continue,
-                                 std::shared_ptr<Exchange> ex, const FenceMarks& marks) {
-  const auto& cfg = *sh_.cfg;
-  const UpstreamTarget& target = sh_.upstreams.at(&route);
+                                 const std::string& resource, bool client_keep_alive, int version,
+                                 bool expect_continue, std::shared_ptr<Exchange> ex, const FenceMarks& marks) {
+  const auto& cfg = this->cfg();
   boost::system::error_code ec;
+  const auto started = std::chrono::steady_clock::now();
+  count(resource, Outcome::forwarded);
+  auto exchange_over = [&] {
+    if (ex->node.resource || !ex->aborted) {
+      rt_.metrics.upstream_latency.observe(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    }
+    ex->release();
+  };
 
   auto upstream_failed = [&](boost::system::error_code e, const char* stage) -> awaitable<bool> {
     ex->release();
+    count(resource, Outcome::upstream_error);
+    log::warn("upstream exchange failed", {log::kv("upstream", route.upstream), log::kv("stage", stage),
+                                           log::kv("error", e.message()), log::kv("aborted_by_drain", ex->aborted ? 1 : 0)});
     if (ex->aborted || e == beast::error::timeout) {
       std::string detail = ex->aborted ? "a newer generation's drain timed out; this exchange was aborted"
                                        : std::string("the upstream did not answer in time (") + stage + ")";
       co_return co_await reply(Problem{504, "upstream-timeout", "Gateway timeout", detail}, false, version, marks);
     }
     co_return co_await reply(Problem{502, "upstream-error", "Bad gateway",
-                                     std::string("upstream ") + target.key + ": " + stage + ": " + e.message()},
+                                     std::string("upstream ") + route.upstream + ": " + stage + ": " + e.message()},
                              false, version, marks);
   };
 
   // Upstream connection.
-  std::unique_ptr<UpConn> conn = co_await take_upstream(target, ex, ec);
+  std::unique_ptr<UpConn> conn = co_await take_upstream(route, ex, ec);
   if (ec || ex->aborted) co_return co_await upstream_failed(ec ? ec : net::error::operation_aborted, "connect");
   ex->up = std::move(conn);
   UpConn& up = *ex->up;
@@ -745,7 +784,7 @@ awaitable<bool> Session::forward(http::request_parser<http::buffer_body>& p, con
                              version, marks);
   }
   const bool upstream_reusable_hdr = res.keep_alive() && !rp->need_eof();
-  bool keep = client_keep_alive && !sh_.stopping.load(std::memory_order_relaxed);
+  bool keep = client_keep_alive && !rt_.stopping.load(std::memory_order_relaxed);
   strip_hop_by_hop(res.base());
   if (marks.generation) res.set("Fencing-Generation", std::to_string(*marks.generation));
   if (!marks.observe.empty()) res.set("Fencing-Observe", marks.observe);
@@ -777,15 +816,15 @@ awaitable<bool> Session::forward(http::request_parser<http::buffer_body>& p, con
         if (ec == http::error::need_buffer) ec = {};
         if (ec) {
           // The response header is already out: all we can do is cut the client connection.
-          log::warn("upstream response body failed", {log::kv("upstream", target.key), log::kv("error", ec.message())});
+          log::warn("upstream response body failed", {log::kv("upstream", route.upstream), log::kv("error", ec.message())});
           co_return false;
         }
         res.body().size = sizeof tmp - res.body().size;
         res.body().data = tmp;
         res.body().more = !rp->is_done();
-        if (rp->is_done()) ex->release();  // the upstream exchange is over
+        if (rp->is_done()) exchange_over();  // the upstream exchange is over
       } else {
-        ex->release();
+        exchange_over();
         res.body().data = nullptr;
         res.body().size = 0;
         res.body().more = false;
@@ -797,14 +836,14 @@ awaitable<bool> Session::forward(http::request_parser<http::buffer_body>& p, con
     } while (!rp->is_done() || !sr.is_done());
   }
   ex->release();
-  if (upstream_reusable_hdr && !ex->aborted && up.buf.size() == 0) give_back(target, std::move(ex->up));
+  if (upstream_reusable_hdr && !ex->aborted && up.buf.size() == 0) give_back(route, std::move(ex->up));
   co_return keep;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Server.
 
-awaitable<void> accept_loop(Shared& sh, tcp::acceptor& acceptor, std::vector<std::unique_ptr<Worker>>& workers) {
+awaitable<void> accept_loop(ServerState& st, tcp::acceptor& acceptor, std::vector<std::unique_ptr<Worker>>& workers) {
   std::size_t next = 0;
   for (;;) {
     Worker& w = *workers[next];
@@ -820,20 +859,22 @@ awaitable<void> accept_loop(Shared& sh, tcp::acceptor& acceptor, std::vector<std
       }
       continue;
     }
-    if (sh.connections.load(std::memory_order_relaxed) >= sh.cfg->max_connections) {
-      // Over the limit: close at once so the clients see it; the sidecar stays up for the rest.
+    if (st.connections.load(std::memory_order_relaxed) >= st.rt.snapshot()->cfg->max_connections) {
+      // Over the limit: close at once so the client sees it; the sidecar stays up for the rest.
       sock.close(ec);
       continue;
     }
-    sh.connections.fetch_add(1, std::memory_order_relaxed);
+    st.connections.fetch_add(1, std::memory_order_relaxed);
+    st.rt.metrics.open_connections.fetch_add(1, std::memory_order_relaxed);
     net::co_spawn(
         w.ioc,
-        [&sh, &w, s = std::move(sock)]() mutable -> awaitable<void> {
-          Session session(sh, w, std::move(s));
+        [&st, &w, s = std::move(sock)]() mutable -> awaitable<void> {
+          Session session(st, w, std::move(s));
           co_await session.run();
         },
-        [&sh](std::exception_ptr e) {
-          sh.connections.fetch_sub(1, std::memory_order_relaxed);
+        [&st](std::exception_ptr e) {
+          st.connections.fetch_sub(1, std::memory_order_relaxed);
+          st.rt.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
           if (e) {
             try {
               std::rethrow_exception(e);
@@ -845,6 +886,19 @@ awaitable<void> accept_loop(Shared& sh, tcp::acceptor& acceptor, std::vector<std
   }
 }
 
+// Lets the process hold max_connections sockets (client + upstream each) if the hard limit allows.
+void raise_fd_limit(std::size_t max_connections) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < max_connections + 64)
+    log::warn("file descriptor limit is below what max_connections needs",
+              {log::kv("nofile", static_cast<std::uint64_t>(rl.rlim_cur)), log::kv("max_connections", max_connections)});
+}
+
 }  // namespace
 
 int run_serve(std::shared_ptr<const config::Config> cfg) {
@@ -852,49 +906,45 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   std::signal(SIGXFSZ, SIG_IGN);  // a full or limited disk must surface as a store error, not kill us
   log::Level lvl;
   if (log::parse_level(cfg->log_level, &lvl)) log::set_level(lvl);
+  raise_fd_limit(cfg->max_connections);
 
   std::string err;
+  std::shared_ptr<const Snapshot> snap = make_snapshot(cfg, &err);
+  if (!snap) {
+    log::error("cannot start", {log::kv("error", err)});
+    return 1;
+  }
   std::unique_ptr<store::Store> store = store::Store::open(cfg->db, &err);
   if (!store) {
     log::error("cannot open the fence store", {log::kv("db", cfg->db), log::kv("error", err)});
     return 1;
   }
+  store->set_retention(static_cast<std::int64_t>(cfg->audit.max_age.count()) * 1000, cfg->audit.max_rows);
   auto fence = std::make_unique<Fence>(*store, cfg->drain_timeout, cfg->max_resources);
   if (!fence->load(&err)) {
     log::error("cannot load generations", {log::kv("db", cfg->db), log::kv("error", err)});
     return 1;
   }
-
-  Shared sh;
-  sh.cfg = cfg;
-  sh.router = std::make_unique<config::Router>(cfg->routes);
-  sh.store = store.get();
-  sh.fence = fence.get();
+  Metrics metrics;
+  Runtime rt(*store, *fence, metrics);
+  rt.install(snap);
+  fence->set_drain_observer([&metrics](double s) { metrics.drain_wait.observe(s); });
+  store->set_commit_observer([&metrics, &rt](double s, std::size_t, bool ok) {
+    metrics.store_commit.observe(s);
+    if (!ok) metrics.store_commit_failures.fetch_add(1, std::memory_order_relaxed);
+    rt.store_result(ok, ok ? std::string() : "the last store commit failed");
+  });
+  ServerState st(rt);
 
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < std::max(1, cfg->threads); ++i) workers.push_back(std::make_unique<Worker>());
-
-  {
-    tcp::resolver resolver(workers[0]->ioc);
-    for (const auto& r : cfg->routes) {
-      UpstreamTarget t;
-      t.key = r.upstream_addr.to_string();
-      boost::system::error_code ec;
-      auto results = resolver.resolve(r.upstream_addr.host, std::to_string(r.upstream_addr.port), ec);
-      if (ec || results.empty()) {
-        log::error("cannot resolve upstream", {log::kv("upstream", r.upstream), log::kv("error", ec.message())});
-        return 1;
-      }
-      for (const auto& e : results) t.endpoints.push_back(e.endpoint());
-      sh.upstreams.emplace(&r, std::move(t));
-    }
-  }
 
   tcp::acceptor acceptor(workers[0]->ioc);
   {
     boost::system::error_code ec;
     tcp::resolver resolver(workers[0]->ioc);
     std::string host = cfg->listen.host;
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
     auto results = resolver.resolve(host, std::to_string(cfg->listen.port), ec);
     if (ec || results.empty()) {
       log::error("cannot resolve listen address", {log::kv("listen", cfg->listen.to_string()), log::kv("error", ec.message())});
@@ -915,14 +965,22 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
                             log::kv("routes", cfg->routes.size())});
   }
 
-  net::co_spawn(workers[0]->ioc, accept_loop(sh, acceptor, workers), net::detached);
+  std::unique_ptr<AdminServer> admin = AdminServer::start(rt, cfg->admin.listen, &err);
+  if (!admin) {
+    log::error("cannot start the admin listener", {log::kv("admin_listen", cfg->admin.listen.to_string()),
+                                                   log::kv("error", err)});
+    return 1;
+  }
 
-  // SIGINT/SIGTERM: stop accepting, let requests in flight finish (bounded), then stop.
+  net::co_spawn(workers[0]->ioc, accept_loop(st, acceptor, workers), net::detached);
+
+  // SIGINT/SIGTERM: readiness turns 503, stop accepting, let requests in flight finish (bounded),
+  // then stop. (SIGHUP, a reload, is handled by the admin server's thread.)
   net::signal_set signals(workers[0]->ioc, SIGINT, SIGTERM);
   net::steady_timer grace(workers[0]->ioc);
-  auto deadline = std::make_shared<std::chrono::steady_clock::time_point>();
+  std::chrono::steady_clock::time_point deadline;
   std::function<void()> poll_stop = [&] {
-    if (sh.active_requests.load() == 0 || std::chrono::steady_clock::now() >= *deadline) {
+    if (st.active_requests.load() == 0 || std::chrono::steady_clock::now() >= deadline) {
       for (auto& w : workers) w->ioc.stop();
       return;
     }
@@ -931,11 +989,12 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   };
   signals.async_wait([&](boost::system::error_code ec, int sig) {
     if (ec) return;
-    log::info("stopping", {log::kv("signal", sig)});
-    sh.stopping = true;
+    log::info("stopping", {log::kv("signal", sig), log::kv("in_flight", st.active_requests.load())});
+    rt.stopping = true;
     boost::system::error_code ignored;
     acceptor.close(ignored);
-    *deadline = std::chrono::steady_clock::now() + std::min(cfg->drain_timeout, std::chrono::milliseconds(10000));
+    deadline = std::chrono::steady_clock::now() +
+               std::min(rt.snapshot()->cfg->drain_timeout, std::chrono::milliseconds(10000));
     poll_stop();
   });
 
@@ -949,9 +1008,11 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   workers[0]->ioc.run();
   for (auto& w : workers) w->ioc.stop();
   for (auto& t : threads) t.join();
+  admin->stop();
 
   // Commit what is queued (audit rows of observe mode) before anything else goes away; then the
   // fence; the io_contexts (and the sessions they still hold) last.
+  store->set_commit_observer(nullptr);
   store.reset();
   fence.reset();
   log::info("stopped");

@@ -1,0 +1,725 @@
+// Admin API server: a small HTTP/1.1 server on its own io_context and thread, so nothing here
+// (SQLite reads for audit queries, reloads) ever runs on a data-path I/O thread.
+#include "proxy/admin.h"
+
+#include <boost/asio.hpp>
+#include <csignal>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "fence_store/store.h"
+#include "proxy/fence.h"
+#include "proxy/head.h"
+#include "proxy/log.h"
+#include "proxy/metrics.h"
+#include "proxy/runtime.h"
+#include "proxy/timefmt.h"
+#include "proxy/token.h"
+
+namespace fencegate::proxy {
+
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using net::awaitable;
+using net::use_awaitable;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr std::size_t kMaxAdminHead = 16 * 1024;
+constexpr std::size_t kMaxAdminBody = 64 * 1024;
+constexpr auto kAdminIdle = std::chrono::seconds(30);
+
+struct Reply {
+  unsigned status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::string extra_headers;
+};
+
+const char* reason(unsigned s) {
+  switch (s) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 422: return "Unprocessable Content";
+    case 431: return "Request Header Fields Too Large";
+    case 503: return "Service Unavailable";
+    default: return "Error";
+  }
+}
+
+Reply json_reply(unsigned status, const json& j) {
+  Reply r;
+  r.status = status;
+  r.body = j.dump() + "\n";
+  return r;
+}
+
+Reply problem(unsigned status, std::string type, std::string title, std::string detail, json extra = json::object()) {
+  json j = {{"type", "urn:fencegate:problem:" + type}, {"title", title}, {"status", status}, {"detail", detail}};
+  for (auto& [k, v] : extra.items()) j[k] = v;
+  Reply r;
+  r.status = status;
+  r.content_type = "application/problem+json";
+  r.body = j.dump() + "\n";
+  return r;
+}
+
+std::string pct_decode(std::string_view s, bool* ok) {
+  std::string o;
+  *ok = true;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '+') {
+      o += ' ';
+    } else if (s[i] == '%') {
+      auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+      };
+      if (i + 2 >= s.size() + 0 && i + 2 > s.size() - 1) {
+        *ok = false;
+        return {};
+      }
+      int a = hex(s[i + 1]), b = hex(s[i + 2]);
+      if (a < 0 || b < 0) {
+        *ok = false;
+        return {};
+      }
+      o += static_cast<char>(a * 16 + b);
+      i += 2;
+    } else {
+      o += s[i];
+    }
+  }
+  return o;
+}
+
+// Query parameters; the last occurrence wins.
+std::map<std::string, std::string> parse_query(std::string_view q, std::string* error) {
+  std::map<std::string, std::string> out;
+  while (!q.empty()) {
+    auto amp = q.find('&');
+    std::string_view kv = q.substr(0, amp);
+    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
+    if (kv.empty()) continue;
+    auto eq = kv.find('=');
+    bool ok1, ok2;
+    std::string k = pct_decode(kv.substr(0, eq), &ok1);
+    std::string v = eq == std::string_view::npos ? std::string() : pct_decode(kv.substr(eq + 1), &ok2);
+    if (!ok1 || (eq != std::string_view::npos && !ok2)) {
+      *error = "bad percent-encoding in the query string";
+      return {};
+    }
+    out[k] = v;
+  }
+  return out;
+}
+
+bool valid_resource_name(std::string_view r) {
+  if (r.empty() || r.size() > 256) return false;
+  for (unsigned char c : r)
+    if (!(std::isalnum(c) || c == '.' || c == '_' || c == '~' || c == '-' || c == ':')) return false;
+  return true;
+}
+
+// True iff `name` can be produced by the resource template `tmpl` ({x} = one or more of
+// [A-Za-z0-9._~-]).
+bool template_matches(std::string_view tmpl, std::string_view name) {
+  if (tmpl.empty()) return name.empty();
+  if (tmpl[0] == '{') {
+    auto close = tmpl.find('}');
+    if (close == std::string_view::npos) return false;
+    std::string_view rest = tmpl.substr(close + 1);
+    for (std::size_t n = 1; n <= name.size(); ++n) {
+      unsigned char c = static_cast<unsigned char>(name[n - 1]);
+      if (!(std::isalnum(c) || c == '.' || c == '_' || c == '~' || c == '-')) break;
+      if (template_matches(rest, name.substr(n))) return true;
+    }
+    return false;
+  }
+  return !name.empty() && tmpl[0] == name[0] && template_matches(tmpl.substr(1), name.substr(1));
+}
+
+std::string mode_of(const config::Config& cfg, std::string_view resource) {
+  for (const auto& r : cfg.routes)
+    if (template_matches(r.resource, resource)) return std::string(config::to_string(r.mode));
+  return "unrouted";
+}
+
+bool constant_time_equals(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+json audit_json(const store::AuditRecord& rec) {
+  const auto& r = rec.row;
+  return json{{"id", rec.id},
+              {"time", format_rfc3339_ms(r.time_ms)},
+              {"resource", r.resource},
+              {"decision", r.decision},
+              {"presented_generation", r.presented_generation ? json(r.presented_generation) : json(nullptr)},
+              {"current_generation", r.current_generation},
+              {"method", r.method},
+              {"target", r.target},
+              {"client", r.client},
+              {"leader", r.leader},
+              {"mode", r.mode},
+              {"user_agent", r.user_agent}};
+}
+
+struct Endpoint {
+  const char* method;
+  const char* path;
+  const char* help;
+};
+constexpr Endpoint kEndpoints[] = {
+    {"GET", "/", "this list"},
+    {"GET", "/healthz", "200 while the process runs"},
+    {"GET", "/readyz", "200 when it can serve safely (store writable, config loaded, not stopping); else 503 with the reason"},
+    {"GET", "/metrics", "Prometheus metrics (fencegate_ prefix)"},
+    {"GET", "/v1/resources", "every resource: generation, mode, when and by whom it last advanced"},
+    {"GET", "/v1/resources/{id}", "one resource"},
+    {"POST", "/v1/resources/{id}/fence",
+     "activation barrier: advance to the generation in the token header or {\"generation\":N,\"leader\":\"...\"}, "
+     "draining older writes; answers once durable; 409 if stale"},
+    {"GET", "/v1/audit", "audit rows newest first: ?resource=&decision=&since=&until=&leader=&limit=&cursor="},
+    {"GET", "/v1/audit/unfenced", "callers still writing without a valid token, grouped: ?resource=&since=&limit="},
+    {"POST", "/v1/config/reload", "re-read the config file (same as SIGHUP); a bad config is rejected whole"},
+};
+
+class Admin;
+
+class AdminSession {
+ public:
+  AdminSession(Admin& a, tcp::socket s) : admin_(a), sock_(std::move(s)) {}
+  awaitable<void> run();
+
+ private:
+  awaitable<Reply> route(const RequestHead& h, std::string_view body);
+  awaitable<Reply> fence(const std::string& resource, const RequestHead& h, std::string_view body);
+  Reply resources(const std::string* one);
+  Reply metrics();
+  Reply readyz();
+  Reply audit(const std::map<std::string, std::string>& q);
+  Reply unfenced(const std::map<std::string, std::string>& q);
+
+  Admin& admin_;
+  tcp::socket sock_;
+  std::string buf_;
+};
+
+class Admin final : public AdminServer {
+ public:
+  Admin(Runtime& rt) : rt(rt), acceptor(ioc), signals(ioc, SIGHUP) {}
+  ~Admin() override { stop(); }
+
+  void stop() override {
+    if (!thread.joinable()) return;
+    net::post(ioc, [this] {
+      boost::system::error_code ec;
+      acceptor.close(ec);
+      signals.cancel(ec);
+      ioc.stop();
+    });
+    thread.join();
+  }
+
+  awaitable<void> accept_loop() {
+    for (;;) {
+      boost::system::error_code ec;
+      tcp::socket s = co_await acceptor.async_accept(net::redirect_error(use_awaitable, ec));
+      if (ec) {
+        if (!acceptor.is_open()) co_return;
+        continue;
+      }
+      net::co_spawn(
+          ioc,
+          [this, s = std::move(s)]() mutable -> awaitable<void> {
+            AdminSession session(*this, std::move(s));
+            co_await session.run();
+          },
+          net::detached);
+    }
+  }
+
+  void wait_hup() {
+    signals.async_wait([this](boost::system::error_code ec, int) {
+      if (ec) return;
+      log::info("SIGHUP: reloading the config");
+      rt.reload();
+      wait_hup();
+    });
+  }
+
+  Runtime& rt;
+  net::io_context ioc{1};
+  tcp::acceptor acceptor;
+  net::signal_set signals;
+  std::thread thread;
+};
+
+awaitable<void> AdminSession::run() {
+  for (;;) {
+    // Head.
+    std::size_t head_len = 0;
+    RequestHead h;
+    net::steady_timer deadline(admin_.ioc);
+    for (;;) {
+      HeadScan s = scan_request_head(buf_, kMaxAdminHead, &h);
+      if (s.status == HeadStatus::complete) {
+        head_len = s.length;
+        break;
+      }
+      if (s.status != HeadStatus::incomplete) co_return;  // admin clients get no second chance
+      char tmp[4096];
+      boost::system::error_code ec;
+      // Bound idle time with a timer that closes the socket.
+      deadline.expires_after(kAdminIdle);
+      deadline.async_wait([this](boost::system::error_code e) {
+        if (!e) {
+          boost::system::error_code ig;
+          sock_.close(ig);
+        }
+      });
+      std::size_t n = co_await sock_.async_read_some(net::buffer(tmp), net::redirect_error(use_awaitable, ec));
+      deadline.cancel();
+      if (ec) co_return;
+      buf_.append(tmp, n);
+    }
+    // Re-scan over the final buffer so the views point into it.
+    scan_request_head(buf_, kMaxAdminHead, &h);
+    Framing fr = check_framing(h);
+    Reply rep;
+    bool keep = true;
+    std::size_t body_len = 0;
+    if (!fr.ok || fr.chunked) {
+      rep = problem(400, "bad-request", "Bad request", fr.ok ? "chunked bodies are not accepted here" : fr.reason);
+      keep = false;
+    } else if (fr.content_length && *fr.content_length > kMaxAdminBody) {
+      rep = problem(413, "body-too-large", "Content too large", "admin request bodies are limited to 64 KiB");
+      keep = false;
+    } else {
+      body_len = fr.content_length.value_or(0);
+      while (buf_.size() < head_len + body_len) {
+        char tmp[4096];
+        boost::system::error_code ec;
+        std::size_t n = co_await sock_.async_read_some(net::buffer(tmp), net::redirect_error(use_awaitable, ec));
+        if (ec) co_return;
+        buf_.append(tmp, n);
+      }
+      scan_request_head(buf_, kMaxAdminHead, &h);
+      std::string_view body(buf_.data() + head_len, body_len);
+      try {
+        rep = co_await route(h, body);
+      } catch (const std::exception& e) {
+        rep = problem(500, "internal", "Internal error", e.what());
+      }
+      std::string_view conn;
+      if (h.count("Connection", &conn) && iequals(conn, "close")) keep = false;
+      if (h.version == 10) keep = false;
+    }
+    std::string out = "HTTP/1.1 " + std::to_string(rep.status) + " " + reason(rep.status) +
+                      "\r\nContent-Type: " + rep.content_type + "\r\nContent-Length: " + std::to_string(rep.body.size()) +
+                      "\r\nCache-Control: no-store\r\n" + rep.extra_headers + (keep ? "" : "Connection: close\r\n") +
+                      "\r\n" + rep.body;
+    boost::system::error_code ec;
+    co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
+    if (ec || !keep) co_return;
+    buf_.erase(0, head_len + body_len);
+  }
+}
+
+awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body) {
+  Runtime& rt = admin_.rt;
+  auto snap = rt.snapshot();
+  const config::Config& cfg = *snap->cfg;
+  std::string_view target = h.target;
+  std::string_view path = target.substr(0, target.find('?'));
+  std::string_view query = target.size() > path.size() ? target.substr(path.size() + 1) : std::string_view();
+  const bool get = h.method == "GET" || h.method == "HEAD";
+  const bool post = h.method == "POST";
+
+  if (path == "/healthz") co_return json_reply(200, {{"status", "ok"}});
+  if (path == "/readyz") co_return readyz();
+
+  if (!cfg.admin.token.empty()) {
+    std::string_view auth;
+    bool ok = h.count("Authorization", &auth) == 1 && auth.size() > 7 && iequals(auth.substr(0, 7), "Bearer ") &&
+              constant_time_equals(auth.substr(7), cfg.admin.token);
+    if (!ok) {
+      Reply r = problem(401, "unauthorized", "Unauthorized", "this admin API needs Authorization: Bearer <token>");
+      r.extra_headers = "WWW-Authenticate: Bearer realm=\"fencegate-admin\"\r\n";
+      co_return r;
+    }
+  }
+
+  std::string qerr;
+  auto q = parse_query(query, &qerr);
+  if (!qerr.empty()) co_return problem(400, "bad-query", "Bad request", qerr);
+  auto method_not_allowed = [] { return problem(405, "method-not-allowed", "Method not allowed", "see GET / for the endpoints"); };
+
+  if (path == "/") {
+    if (!get) co_return method_not_allowed();
+    json list = json::array();
+    for (const auto& e : kEndpoints) list.push_back({{"method", e.method}, {"path", e.path}, {"help", e.help}});
+    co_return json_reply(200, {{"endpoints", list}});
+  }
+  if (path == "/metrics") {
+    if (!get) co_return method_not_allowed();
+    co_return metrics();
+  }
+  if (path == "/v1/resources") {
+    if (!get) co_return method_not_allowed();
+    co_return resources(nullptr);
+  }
+  static constexpr std::string_view kRes = "/v1/resources/";
+  if (path.substr(0, kRes.size()) == kRes) {
+    std::string_view rest = path.substr(kRes.size());
+    bool is_fence = false;
+    if (rest.size() > 6 && rest.substr(rest.size() - 6) == "/fence") {
+      is_fence = true;
+      rest.remove_suffix(6);
+    }
+    std::string id(rest);
+    if (!valid_resource_name(id))
+      co_return problem(400, "bad-resource", "Bad request", "a resource name is 1-256 of [A-Za-z0-9._~:-]");
+    if (is_fence) {
+      if (!post) co_return method_not_allowed();
+      co_return co_await fence(id, h, body);
+    }
+    if (!get) co_return method_not_allowed();
+    co_return resources(&id);
+  }
+  if (path == "/v1/audit") {
+    if (!get) co_return method_not_allowed();
+    co_return audit(q);
+  }
+  if (path == "/v1/audit/unfenced") {
+    if (!get) co_return method_not_allowed();
+    co_return unfenced(q);
+  }
+  if (path == "/v1/config/reload") {
+    if (!post) co_return method_not_allowed();
+    if (cfg.config_file.empty())
+      co_return problem(409, "no-config-file", "Nothing to reload",
+                        "this process was started without --config; flags and environment cannot change live");
+    auto errors = rt.reload();
+    if (!errors.empty())
+      co_return problem(422, "reload-rejected", "Config reload rejected",
+                        "the new config is invalid; the running config stays", {{"errors", errors}});
+    co_return json_reply(200, {{"status", "reloaded"}, {"config", rt.snapshot()->cfg->config_file}});
+  }
+  co_return problem(404, "not-found", "Not found", "no such admin endpoint; see GET /");
+}
+
+Reply AdminSession::readyz() {
+  Runtime& rt = admin_.rt;
+  if (rt.stopping.load()) return json_reply(503, {{"status", "not ready"}, {"reason", "shutting down"}});
+  std::string why;
+  if (!rt.store_ok(&why)) return json_reply(503, {{"status", "not ready"}, {"reason", "store: " + why}});
+  if (!rt.snapshot()) return json_reply(503, {{"status", "not ready"}, {"reason", "no config loaded"}});
+  return json_reply(200, {{"status", "ready"}});
+}
+
+Reply AdminSession::metrics() {
+  Runtime& rt = admin_.rt;
+  std::string out;
+  out.reserve(8192);
+  rt.metrics.render(out);
+  auto views = rt.fence.snapshot();
+  auto stats = rt.fence.stats();
+  out += "# HELP fencegate_generation Current durable generation per resource (labelled resources only).\n";
+  out += "# TYPE fencegate_generation gauge\n";
+  std::size_t shown = 0;
+  for (const auto& v : views) {
+    if (shown >= 1000) break;  // bounded label set
+    if (!rt.metrics.has_label(v.name) && shown >= 100) continue;
+    ++shown;
+    out += "fencegate_generation{resource=\"" + prom_escape(v.name) + "\"} " + std::to_string(v.stored) + "\n";
+  }
+  out += "# HELP fencegate_resources Resources held by the fence.\n# TYPE fencegate_resources gauge\n";
+  out += "fencegate_resources " + std::to_string(views.size()) + "\n";
+  out += "# HELP fencegate_advances_total Generation advances committed.\n# TYPE fencegate_advances_total counter\n";
+  out += "fencegate_advances_total " + std::to_string(stats.advances) + "\n";
+  out += "# HELP fencegate_drain_waits_total Advances that had to wait for older in-flight writes.\n";
+  out += "# TYPE fencegate_drain_waits_total counter\n";
+  out += "fencegate_drain_waits_total " + std::to_string(stats.drain_waits) + "\n";
+  out += "# HELP fencegate_drain_aborts_total Older upstream exchanges aborted by a drain timeout.\n";
+  out += "# TYPE fencegate_drain_aborts_total counter\n";
+  out += "fencegate_drain_aborts_total " + std::to_string(stats.drain_aborts) + "\n";
+  out += "# HELP fencegate_audit_queue_depth Items waiting for the store thread.\n";
+  out += "# TYPE fencegate_audit_queue_depth gauge\n";
+  out += "fencegate_audit_queue_depth " + std::to_string(rt.store.queue_depth()) + "\n";
+  std::string why;
+  out += "# HELP fencegate_store_ok 1 if the last store commit succeeded.\n# TYPE fencegate_store_ok gauge\n";
+  out += std::string("fencegate_store_ok ") + (rt.store_ok(&why) ? "1" : "0") + "\n";
+  Reply r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = std::move(out);
+  return r;
+}
+
+Reply AdminSession::resources(const std::string* one) {
+  Runtime& rt = admin_.rt;
+  auto snap = rt.snapshot();
+  std::map<std::string, json> out;
+  for (const auto& v : rt.fence.snapshot()) {
+    if (one && v.name != *one) continue;
+    out[v.name] = json{{"resource", v.name}, {"generation", v.stored}, {"highest_seen", v.seen},
+                       {"in_flight", v.inflight}, {"waiting", v.waiting}, {"mode", mode_of(*snap->cfg, v.name)},
+                       {"advanced_at", nullptr}, {"advanced_by", nullptr}};
+  }
+  for (const auto& s : rt.store.load_all()) {
+    if (one && s.resource != *one) continue;
+    auto& j = out[s.resource];
+    if (j.is_null())
+      j = json{{"resource", s.resource}, {"generation", s.generation}, {"highest_seen", s.generation},
+               {"in_flight", 0}, {"waiting", 0}, {"mode", mode_of(*snap->cfg, s.resource)}};
+    j["advanced_at"] = s.advanced_at_ms ? json(format_rfc3339_ms(s.advanced_at_ms)) : json(nullptr);
+    j["advanced_by"] = s.advanced_by;
+  }
+  if (one) {
+    auto it = out.find(*one);
+    if (it == out.end()) return problem(404, "unknown-resource", "Not found", "no generation is known for " + *one);
+    return json_reply(200, it->second);
+  }
+  json list = json::array();
+  for (auto& [_, j] : out) list.push_back(std::move(j));
+  return json_reply(200, {{"resources", list}});
+}
+
+awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestHead& h, std::string_view body) {
+  Runtime& rt = admin_.rt;
+  auto snap = rt.snapshot();
+  const config::Config& cfg = *snap->cfg;
+  std::int64_t g = 0;
+  std::string leader;
+  std::string_view tv, lv;
+  std::size_t nt = h.count(cfg.token_header, &tv);
+  if (h.count(cfg.leader_header, &lv) == 1) leader = std::string(lv);
+  if (nt > 1) co_return problem(400, "malformed-token", "Malformed fencing token", "several token headers");
+  if (nt == 1) {
+    auto t = parse_token(tv);
+    if (!t) co_return problem(400, "malformed-token", "Malformed fencing token", "the token is not a canonical decimal in 1..2^63-1");
+    g = *t;
+  }
+  if (!body.empty()) {
+    json j = json::parse(body, nullptr, false);
+    if (j.is_discarded() || !j.is_object())
+      co_return problem(400, "bad-json", "Bad request", "the body must be a JSON object {\"generation\": N, \"leader\": \"...\"}");
+    for (auto& [k, v] : j.items())
+      if (k != "generation" && k != "leader")
+        co_return problem(400, "bad-json", "Bad request", "unknown key \"" + k + "\"");
+    if (j.contains("generation")) {
+      const auto& v = j["generation"];
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 1)
+        co_return problem(400, "malformed-token", "Malformed fencing token", "generation must be an integer in 1..2^63-1");
+      std::int64_t jg = v.get<std::int64_t>();
+      if (g && g != jg) co_return problem(400, "malformed-token", "Malformed fencing token", "header and body disagree");
+      g = jg;
+    }
+    if (j.contains("leader")) {
+      if (!j["leader"].is_string()) co_return problem(400, "bad-json", "Bad request", "leader must be a string");
+      leader = j["leader"].get<std::string>();
+    }
+  }
+  if (g == 0)
+    co_return problem(428, "token-required", "Fencing token required",
+                      "give the generation in the " + cfg.token_header + " header or as {\"generation\": N}");
+  if (leader.size() > cfg.max_leader_bytes) co_return problem(400, "bad-leader", "Bad request", "leader is too long");
+
+  // Advance exactly as a write would (drain older in-flight writes, commit durably), then let go.
+  struct Wait {
+    explicit Wait(net::io_context& ioc) : timer(ioc, net::steady_timer::time_point::max()) {}
+    net::steady_timer timer;
+    std::optional<Decision> d;
+  };
+  auto w = std::make_shared<Wait>(admin_.ioc);
+  net::io_context& ioc = admin_.ioc;
+  InflightNode node;
+  Decision d;
+  bool now = rt.fence.admit(resource, g, leader, &node, &d, [w, &ioc](Decision dd) {
+    net::post(ioc, [w, dd] {
+      w->d = dd;
+      w->timer.cancel();
+    });
+  });
+  if (!now) {
+    while (!w->d) {
+      boost::system::error_code ec;
+      co_await w->timer.async_wait(net::redirect_error(use_awaitable, ec));
+    }
+    d = *w->d;
+  }
+  if (d.verdict == Verdict::admit) {
+    rt.fence.release(&node);
+    log::info("fenced", {log::kv("resource", resource), log::kv("generation", d.current), log::kv("leader", leader)});
+    co_return json_reply(200, {{"resource", resource}, {"generation", d.current}, {"leader", leader}});
+  }
+  if (d.verdict == Verdict::stale) {
+    store::AuditRow row;
+    row.resource = resource;
+    row.decision = "rejected_stale";
+    row.presented_generation = g;
+    row.current_generation = d.newest;
+    row.method = "POST";
+    row.target = std::string(h.target.substr(0, 2048));
+    boost::system::error_code ig;
+    auto ep = sock_.remote_endpoint(ig);
+    row.client = ig ? std::string() : ep.address().to_string();
+    row.leader = leader;
+    row.mode = "enforce";
+    auto aw = std::make_shared<Wait>(admin_.ioc);
+    auto st = std::make_shared<store::Status>(store::Status::OK());
+    rt.store.append_audit(std::move(row), [aw, st, &ioc](store::Status s) {
+      net::post(ioc, [aw, st, s] {
+        *st = s;
+        aw->d = Decision{};
+        aw->timer.cancel();
+      });
+    });
+    while (!aw->d) {
+      boost::system::error_code ec;
+      co_await aw->timer.async_wait(net::redirect_error(use_awaitable, ec));
+    }
+    rt.metrics.count(resource, st->ok() ? Outcome::rejected_stale : Outcome::store_error);
+    log::warn("rejected fence", {log::kv("resource", resource), log::kv("presented_generation", g),
+                                 log::kv("current_generation", d.newest), log::kv("leader", leader)});
+    if (!st->ok())
+      co_return problem(503, "store-unavailable", "Fence store unavailable", "the audit row could not be made durable",
+                        {{"resource", resource}, {"presented_generation", g}, {"current_generation", d.newest}});
+    co_return problem(409, "stale-generation", "Stale fencing token",
+                      "generation " + std::to_string(g) + " is older than generation " + std::to_string(d.newest),
+                      {{"resource", resource}, {"presented_generation", g}, {"current_generation", d.newest}});
+  }
+  if (d.verdict == Verdict::overloaded)
+    co_return problem(503, "too-many-resources", "Too many resources", "the fence holds its maximum number of resources");
+  co_return problem(503, "store-unavailable", "Fence store unavailable",
+                    "the new generation could not be made durable",
+                    {{"resource", resource}, {"presented_generation", g}, {"current_generation", d.current}});
+}
+
+bool parse_int_param(const std::map<std::string, std::string>& q, const char* key, std::int64_t lo, std::int64_t hi,
+                     std::int64_t* out, std::string* err) {
+  auto it = q.find(key);
+  if (it == q.end() || it->second.empty()) return true;
+  try {
+    std::size_t used = 0;
+    long long v = std::stoll(it->second, &used);
+    if (used != it->second.size() || v < lo || v > hi) throw std::out_of_range("x");
+    *out = v;
+    return true;
+  } catch (...) {
+    *err = std::string(key) + ": must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi);
+    return false;
+  }
+}
+
+bool parse_time_param(const std::map<std::string, std::string>& q, const char* key, std::int64_t* out, std::string* err) {
+  auto it = q.find(key);
+  if (it == q.end() || it->second.empty()) return true;
+  if (!parse_time_arg(it->second, now_unix_ms(), out)) {
+    *err = std::string(key) + ": expected RFC 3339 (2026-11-29T10:00:00Z), relative (-1h) or unix milliseconds";
+    return false;
+  }
+  return true;
+}
+
+std::string param(const std::map<std::string, std::string>& q, const char* key) {
+  auto it = q.find(key);
+  return it == q.end() ? std::string() : it->second;
+}
+
+Reply AdminSession::audit(const std::map<std::string, std::string>& q) {
+  for (const auto& [k, _] : q)
+    if (k != "resource" && k != "decision" && k != "since" && k != "until" && k != "leader" && k != "limit" &&
+        k != "cursor")
+      return problem(400, "bad-query", "Bad request", "unknown parameter \"" + k + "\"");
+  store::AuditQuery aq;
+  aq.resource = param(q, "resource");
+  aq.decision = param(q, "decision");
+  aq.leader = param(q, "leader");
+  std::string err;
+  std::int64_t limit = 100, cursor = 0;
+  if (!parse_time_param(q, "since", &aq.since_ms, &err) || !parse_time_param(q, "until", &aq.until_ms, &err) ||
+      !parse_int_param(q, "limit", 1, 1000, &limit, &err) ||
+      !parse_int_param(q, "cursor", 1, INT64_MAX, &cursor, &err))
+    return problem(400, "bad-query", "Bad request", err);
+  aq.before_id = cursor;
+  aq.limit = static_cast<int>(limit) + 1;  // one more tells whether another page exists
+  store::Status st = store::Status::OK();
+  auto rows = admin_.rt.store.query_audit(aq, &st);
+  if (!st.ok()) return problem(503, "store-unavailable", "Fence store unavailable", st.message());
+  json out = {{"rows", json::array()}};
+  bool more = rows.size() > static_cast<std::size_t>(limit);
+  if (more) rows.resize(static_cast<std::size_t>(limit));
+  for (const auto& r : rows) out["rows"].push_back(audit_json(r));
+  if (more && !rows.empty()) out["next_cursor"] = std::to_string(rows.back().id);
+  return json_reply(200, out);
+}
+
+Reply AdminSession::unfenced(const std::map<std::string, std::string>& q) {
+  for (const auto& [k, _] : q)
+    if (k != "resource" && k != "since" && k != "limit")
+      return problem(400, "bad-query", "Bad request", "unknown parameter \"" + k + "\"");
+  std::string err;
+  std::int64_t since = 0, limit = 100;
+  if (!parse_time_param(q, "since", &since, &err) || !parse_int_param(q, "limit", 1, 1000, &limit, &err))
+    return problem(400, "bad-query", "Bad request", err);
+  store::Status st = store::Status::OK();
+  auto groups = admin_.rt.store.query_unfenced(param(q, "resource"), since, static_cast<int>(limit), &st);
+  if (!st.ok()) return problem(503, "store-unavailable", "Fence store unavailable", st.message());
+  json list = json::array();
+  for (const auto& g : groups)
+    list.push_back({{"resource", g.resource},
+                    {"client", g.client},
+                    {"user_agent", g.user_agent},
+                    {"leader", g.leader},
+                    {"count", g.count},
+                    {"first_seen", format_rfc3339_ms(g.first_ms)},
+                    {"last_seen", format_rfc3339_ms(g.last_ms)}});
+  return json_reply(200, {{"callers", list}});
+}
+
+}  // namespace
+
+std::unique_ptr<AdminServer> AdminServer::start(Runtime& rt, const config::Endpoint& listen, std::string* error) {
+  auto a = std::make_unique<Admin>(rt);
+  boost::system::error_code ec;
+  std::string host = listen.host;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  tcp::resolver resolver(a->ioc);
+  auto results = resolver.resolve(host, std::to_string(listen.port), ec);
+  if (ec || results.empty()) {
+    *error = "cannot resolve " + listen.to_string() + ": " + ec.message();
+    return nullptr;
+  }
+  tcp::endpoint ep = results.begin()->endpoint();
+  a->acceptor.open(ep.protocol(), ec);
+  if (!ec) a->acceptor.set_option(net::socket_base::reuse_address(true), ec);
+  if (!ec) a->acceptor.bind(ep, ec);
+  if (!ec) a->acceptor.listen(net::socket_base::max_listen_connections, ec);
+  if (ec) {
+    *error = "cannot listen on " + listen.to_string() + ": " + ec.message();
+    return nullptr;
+  }
+  auto bound = a->acceptor.local_endpoint(ec);
+  log::info("admin listening", {log::kv("address", bound.address().to_string() + ":" + std::to_string(bound.port())),
+                                log::kv("auth", rt.snapshot()->cfg->admin.token.empty() ? "none (loopback)" : "bearer")});
+  Admin* raw = a.get();
+  net::co_spawn(a->ioc, raw->accept_loop(), net::detached);
+  raw->wait_hup();
+  a->thread = std::thread([raw] { raw->ioc.run(); });
+  return a;
+}
+
+}  // namespace fencegate::proxy

@@ -1,0 +1,129 @@
+#include "proxy/metrics.h"
+
+#include <cstdio>
+#include <mutex>
+
+namespace fencegate::proxy {
+
+std::string_view to_string(Outcome o) {
+  switch (o) {
+    case Outcome::forwarded: return "forwarded";
+    case Outcome::rejected_stale: return "rejected_stale";
+    case Outcome::rejected_missing: return "rejected_missing";
+    case Outcome::rejected_malformed: return "rejected_malformed";
+    case Outcome::would_reject_stale: return "would_reject_stale";
+    case Outcome::would_reject_missing: return "would_reject_missing";
+    case Outcome::would_reject_malformed: return "would_reject_malformed";
+    case Outcome::store_error: return "store_error";
+    case Outcome::upstream_error: return "upstream_error";
+    case Outcome::kCount: break;
+  }
+  return "unknown";
+}
+
+std::string prom_escape(std::string_view v) {
+  std::string o;
+  o.reserve(v.size());
+  for (char c : v) {
+    if (c == '\\') o += "\\\\";
+    else if (c == '"') o += "\\\"";
+    else if (c == '\n') o += "\\n";
+    else o += c;
+  }
+  return o;
+}
+
+static std::string fmt_double(double d) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.9g", d);
+  return b;
+}
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), counts_(new std::atomic<std::uint64_t>[bounds_.size() + 1]) {
+  for (std::size_t i = 0; i <= bounds_.size(); ++i) counts_[i].store(0);
+}
+
+void Histogram::observe(double seconds) {
+  std::size_t i = 0;
+  while (i < bounds_.size() && seconds > bounds_[i]) ++i;
+  counts_[i].fetch_add(1, std::memory_order_relaxed);
+  sum_ns_.fetch_add(static_cast<std::uint64_t>(seconds * 1e9), std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Histogram::render(std::string& out, std::string_view name, std::string_view labels) const {
+  std::string lp = labels.empty() ? std::string() : std::string(labels) + ",";
+  std::uint64_t cum = 0;
+  for (std::size_t i = 0; i <= bounds_.size(); ++i) {
+    cum += counts_[i].load(std::memory_order_relaxed);
+    out += name;
+    out += "_bucket{" + lp + "le=\"" + (i < bounds_.size() ? fmt_double(bounds_[i]) : std::string("+Inf")) +
+           "\"} " + std::to_string(cum) + "\n";
+  }
+  std::string l = labels.empty() ? std::string() : "{" + std::string(labels) + "}";
+  out += std::string(name) + "_sum" + l + " " + fmt_double(sum_ns_.load() / 1e9) + "\n";
+  out += std::string(name) + "_count" + l + " " + std::to_string(count_.load()) + "\n";
+}
+
+Metrics::Metrics(std::size_t max_resource_labels) : max_labels_(max_resource_labels) {}
+
+ResourceCounters* Metrics::resource(std::string_view name) {
+  {
+    std::shared_lock lk(mu_);
+    auto it = resources_.find(name);
+    if (it != resources_.end()) return it->second.get();
+    if (resources_.size() >= max_labels_) return &other_;
+  }
+  std::unique_lock lk(mu_);
+  auto it = resources_.find(name);
+  if (it != resources_.end()) return it->second.get();
+  if (resources_.size() >= max_labels_) return &other_;
+  auto [ins, _] = resources_.emplace(std::string(name), std::make_unique<ResourceCounters>());
+  return ins->second.get();
+}
+
+bool Metrics::has_label(std::string_view resource) const {
+  std::shared_lock lk(mu_);
+  return resources_.find(resource) != resources_.end();
+}
+
+void Metrics::render(std::string& out) const {
+  out += "# HELP fencegate_requests_total Requests by resource and fence decision.\n";
+  out += "# TYPE fencegate_requests_total counter\n";
+  auto emit = [&](const std::string& res, const ResourceCounters& c) {
+    for (int i = 0; i < static_cast<int>(Outcome::kCount); ++i) {
+      std::uint64_t v = c.by_outcome[i].load(std::memory_order_relaxed);
+      if (v == 0) continue;
+      out += "fencegate_requests_total{resource=\"" + prom_escape(res) + "\",decision=\"" +
+             std::string(to_string(static_cast<Outcome>(i))) + "\"} " + std::to_string(v) + "\n";
+    }
+  };
+  {
+    std::shared_lock lk(mu_);
+    for (const auto& [name, c] : resources_) emit(name, *c);
+  }
+  emit("_other", other_);
+
+  out += "# HELP fencegate_drain_wait_seconds Time a newer generation waited for older in-flight writes.\n";
+  out += "# TYPE fencegate_drain_wait_seconds histogram\n";
+  drain_wait.render(out, "fencegate_drain_wait_seconds");
+  out += "# HELP fencegate_upstream_latency_seconds Upstream exchange time (request sent to response complete).\n";
+  out += "# TYPE fencegate_upstream_latency_seconds histogram\n";
+  upstream_latency.render(out, "fencegate_upstream_latency_seconds");
+  out += "# HELP fencegate_store_commit_seconds Store transaction time including fsync.\n";
+  out += "# TYPE fencegate_store_commit_seconds histogram\n";
+  store_commit.render(out, "fencegate_store_commit_seconds");
+  out += "# HELP fencegate_store_commit_failures_total Store batches that failed to commit.\n";
+  out += "# TYPE fencegate_store_commit_failures_total counter\n";
+  out += "fencegate_store_commit_failures_total " + std::to_string(store_commit_failures.load()) + "\n";
+  out += "# HELP fencegate_open_connections Open client connections.\n";
+  out += "# TYPE fencegate_open_connections gauge\n";
+  out += "fencegate_open_connections " + std::to_string(open_connections.load()) + "\n";
+  out += "# HELP fencegate_config_reloads_total Config reloads, by result.\n";
+  out += "# TYPE fencegate_config_reloads_total counter\n";
+  out += "fencegate_config_reloads_total{result=\"ok\"} " + std::to_string(reloads.load()) + "\n";
+  out += "fencegate_config_reloads_total{result=\"rejected\"} " + std::to_string(reload_failures.load()) + "\n";
+}
+
+}  // namespace fencegate::proxy

@@ -1,0 +1,90 @@
+// Metrics: counters, gauges and histograms rendered as Prometheus text (fencegate_ prefix).
+//
+// Per-resource label values are bounded: the first `max_resource_labels` distinct resources get
+// their own label; the rest are aggregated under resource="_other", so a flood of path-template
+// resources cannot grow the metric set without limit.
+//
+// Thread-safety: all methods are thread-safe. Counting is lock-free once a resource's counters
+// exist (one shared-lock map lookup per request).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace fencegate::proxy {
+
+enum class Outcome : int {
+  forwarded = 0,
+  rejected_stale,
+  rejected_missing,
+  rejected_malformed,
+  would_reject_stale,
+  would_reject_missing,
+  would_reject_malformed,
+  store_error,
+  upstream_error,
+  kCount
+};
+std::string_view to_string(Outcome o);
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);  // upper bounds, ascending, in seconds
+  void observe(double seconds);
+  // Appends the Prometheus lines for `name` (with optional extra labels "k=\"v\"").
+  void render(std::string& out, std::string_view name, std::string_view labels = {}) const;
+
+ private:
+  const std::vector<double> bounds_;
+  std::unique_ptr<std::atomic<std::uint64_t>[]> counts_;  // bounds_.size() + 1 (+Inf)
+  std::atomic<std::uint64_t> sum_ns_{0};
+  std::atomic<std::uint64_t> count_{0};
+};
+
+struct ResourceCounters {
+  std::array<std::atomic<std::uint64_t>, static_cast<int>(Outcome::kCount)> by_outcome{};
+};
+
+class Metrics {
+ public:
+  explicit Metrics(std::size_t max_resource_labels = 1000);
+
+  // Counters of `resource` (or of "_other" once the label cap is reached). Never null.
+  ResourceCounters* resource(std::string_view resource);
+  void count(std::string_view name, Outcome o) {
+    resource(name)->by_outcome[static_cast<int>(o)].fetch_add(1, std::memory_order_relaxed);
+  }
+
+  Histogram drain_wait{{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30}};
+  Histogram upstream_latency{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
+  Histogram store_commit{{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1}};
+  std::atomic<std::int64_t> open_connections{0};
+  std::atomic<std::uint64_t> store_commit_failures{0};
+  std::atomic<std::uint64_t> reloads{0};
+  std::atomic<std::uint64_t> reload_failures{0};
+
+  // Renders the counters and histograms held here. Gauges owned elsewhere (generations, queue
+  // depth) are appended by the caller.
+  void render(std::string& out) const;
+
+  // True iff `resource` has its own label (for rendering per-resource gauges under the cap).
+  bool has_label(std::string_view resource) const;
+
+ private:
+  const std::size_t max_labels_;
+  mutable std::shared_mutex mu_;
+  std::map<std::string, std::unique_ptr<ResourceCounters>, std::less<>> resources_;  // Guarded by mu_
+  ResourceCounters other_;
+};
+
+// Escapes a Prometheus label value.
+std::string prom_escape(std::string_view v);
+
+}  // namespace fencegate::proxy

@@ -1,0 +1,93 @@
+#include "proxy/runtime.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include "fence_store/store.h"
+#include "proxy/log.h"
+#include "proxy/metrics.h"
+
+namespace fencegate::proxy {
+
+namespace {
+
+bool resolve(const config::Endpoint& ep, std::vector<UpstreamAddr>* out, std::string* error) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_family = AF_UNSPEC;
+  std::string host = ep.host;
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), std::to_string(ep.port).c_str(), &hints, &res);
+  if (rc != 0) {
+    *error = gai_strerror(rc);
+    return false;
+  }
+  for (addrinfo* p = res; p; p = p->ai_next) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    if (p->ai_family == AF_INET)
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(p->ai_addr)->sin_addr, buf, sizeof buf);
+    else if (p->ai_family == AF_INET6)
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(p->ai_addr)->sin6_addr, buf, sizeof buf);
+    else
+      continue;
+    out->push_back(UpstreamAddr{buf, ep.port});
+  }
+  ::freeaddrinfo(res);
+  if (out->empty()) {
+    *error = "no IPv4 or IPv6 address";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const config::Config> cfg, std::string* error) {
+  auto snap = std::make_shared<Snapshot>(cfg);
+  for (const auto& r : cfg->routes) {
+    std::vector<UpstreamAddr> addrs;
+    std::string why;
+    if (!resolve(r.upstream_addr, &addrs, &why)) {
+      *error = "cannot resolve upstream " + r.upstream + ": " + why;
+      return nullptr;
+    }
+    snap->upstreams.push_back(std::move(addrs));
+  }
+  return snap;
+}
+
+std::vector<std::string> Runtime::reload() {
+  std::lock_guard serial(reload_mu_);
+  auto current = snapshot();
+  config::LoadResult r = config::load_serve(current->cfg->args);
+  std::vector<std::string> errors = std::move(r.errors);
+  if (r.config && errors.empty()) {
+    for (auto& e : config::reload_incompatibilities(*current->cfg, *r.config)) errors.push_back(std::move(e));
+  }
+  if (!r.config && errors.empty()) errors.push_back("invalid configuration");
+  std::shared_ptr<const Snapshot> next;
+  if (errors.empty()) {
+    std::string why;
+    next = make_snapshot(std::make_shared<const config::Config>(std::move(*r.config)), &why);
+    if (!next) errors.push_back(why);
+  }
+  if (!errors.empty()) {
+    metrics.reload_failures.fetch_add(1);
+    std::string all;
+    for (const auto& e : errors) all += (all.empty() ? "" : "; ") + e;
+    log::error("config reload rejected; the running config stays", {log::kv("errors", all)});
+    return errors;
+  }
+  log::Level lvl;
+  if (log::parse_level(next->cfg->log_level, &lvl)) log::set_level(lvl);
+  store.set_retention(static_cast<std::int64_t>(next->cfg->audit.max_age.count()) * 1000, next->cfg->audit.max_rows);
+  install(next);
+  metrics.reloads.fetch_add(1);
+  log::info("config reloaded", {log::kv("routes", next->cfg->routes.size()),
+                                log::kv("config", next->cfg->config_file)});
+  return {};
+}
+
+}  // namespace fencegate::proxy

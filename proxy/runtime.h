@@ -1,0 +1,87 @@
+// Runtime: the state `fencegate serve` shares between the data path and the admin API.
+// No Asio or Beast here: this header is included by both sides.
+//
+// Thread-safety: all members are thread-safe; the config snapshot is replaced whole on reload
+// (requests in flight keep the snapshot they started with).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "config/router.h"
+
+namespace fencegate::store {
+class Store;
+}
+
+namespace fencegate::proxy {
+
+class Fence;
+class Metrics;
+
+struct UpstreamAddr {
+  std::string ip;
+  std::uint16_t port = 0;
+};
+
+// One loaded configuration, with what is derived from it. Immutable.
+struct Snapshot {
+  explicit Snapshot(std::shared_ptr<const config::Config> c) : cfg(std::move(c)), router(cfg->routes) {}
+  std::shared_ptr<const config::Config> cfg;
+  config::Router router;                            // points into cfg->routes
+  std::vector<std::vector<UpstreamAddr>> upstreams; // resolved, by route index
+  std::size_t route_index(const config::Route* r) const { return static_cast<std::size_t>(r - cfg->routes.data()); }
+};
+
+// Resolves every route's upstream; returns nullptr and sets *error if one cannot be resolved.
+std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const config::Config> cfg, std::string* error);
+
+class Runtime {
+ public:
+  Runtime(store::Store& s, Fence& f, Metrics& m) : store(s), fence(f), metrics(m) {}
+
+  store::Store& store;
+  Fence& fence;
+  Metrics& metrics;
+  std::atomic<bool> stopping{false};
+
+  std::shared_ptr<const Snapshot> snapshot() const {
+    std::lock_guard lk(mu_);
+    return snap_;
+  }
+  void install(std::shared_ptr<const Snapshot> s) {
+    std::lock_guard lk(mu_);
+    snap_ = std::move(s);
+  }
+
+  // Store health, from the commit observer: false after a failed commit until one succeeds.
+  void store_result(bool ok, const std::string& error) {
+    std::lock_guard lk(mu_);
+    store_ok_ = ok;
+    if (!ok) store_error_ = error;
+  }
+  bool store_ok(std::string* why) const {
+    std::lock_guard lk(mu_);
+    if (!store_ok_ && why) *why = store_error_;
+    return store_ok_;
+  }
+
+  // Re-reads the config file (with the flags and environment of the start) and installs it.
+  // Returns the errors; on any error the running config stays. Thread-safe (serialised).
+  std::vector<std::string> reload();
+
+ private:
+  mutable std::mutex mu_;
+  std::shared_ptr<const Snapshot> snap_;  // Guarded by mu_
+  bool store_ok_ = true;                   // Guarded by mu_
+  std::string store_error_;                // Guarded by mu_
+  std::mutex reload_mu_;                   // serialises reloads
+};
+
+}  // namespace fencegate::proxy
