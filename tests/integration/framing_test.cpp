@@ -1,0 +1,241 @@
+// Parsing ambiguity is a hole in the fence: malformed framing gets 400 and a closed connection,
+// and nothing of it (nor anything pipelined after it) reaches the upstream. Limits: 431, 413,
+// 408, connection count; CONNECT and Upgrade get 501.
+#include "tests/integration/harness.h"
+
+using namespace fencegate::testing;
+
+namespace {
+
+struct Bad {
+  std::string name;
+  std::string bytes;
+};
+
+// A request head with a valid token (so it would be forwarded if it parsed), then `rest`.
+std::string head(const std::string& extra_headers, const std::string& method = "POST", const std::string& target = "/x") {
+  return method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 1\r\n" + extra_headers;
+}
+
+const std::string kSmuggled = "POST /smuggled HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n";
+
+ProxySpec spec_for(const RecordingUpstream& up, std::vector<std::string> args = {}) {
+  ProxySpec s;
+  s.upstream = up.url();
+  s.args = std::move(args);
+  return s;
+}
+
+// Sends a valid write and checks it is the only thing the upstream ever saw.
+void check_only_control_reached(Proxy& px, RecordingUpstream& up) {
+  auto ok = request(px.port(), "POST", "/control", token(1));
+  INFO("control request: ", describe(ok));
+  CHECK(is_2xx(ok));
+  auto reqs = up.requests();
+  std::string seen;
+  for (const auto& r : reqs) seen += r.method + " " + r.target + "\n" + r.raw_head;
+  INFO("upstream saw:\n", seen);
+  REQUIRE(reqs.size() == 1);
+  CHECK(reqs[0].target == "/control");
+}
+
+}  // namespace
+
+TEST_SUITE("framing") {
+
+TEST_CASE("framing: ambiguous or malformed requests get 400, the connection is closed, nothing forwarded") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  const std::vector<Bad> cases{
+      {"Content-Length and Transfer-Encoding",
+       head("Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n") + "5\r\nhello\r\n0\r\n\r\n"},
+      {"Transfer-Encoding and Content-Length (other order)",
+       head("Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n") + "5\r\nhello\r\n0\r\n\r\n"},
+      {"two different Content-Length", head("Content-Length: 5\r\nContent-Length: 6\r\n\r\n") + "hello!"},
+      {"Content-Length list with different values", head("Content-Length: 5, 6\r\n\r\n") + "hello!"},
+      {"Content-Length +5", head("Content-Length: +5\r\n\r\n") + "hello"},
+      {"Content-Length -1", head("Content-Length: -1\r\n\r\n")},
+      {"Content-Length 0x5", head("Content-Length: 0x5\r\n\r\n") + "hello"},
+      {"Content-Length not a number", head("Content-Length: five\r\n\r\n") + "hello"},
+      {"Transfer-Encoding gzip, chunked", head("Transfer-Encoding: gzip, chunked\r\n\r\n") + "0\r\n\r\n"},
+      {"Transfer-Encoding chunked, gzip", head("Transfer-Encoding: chunked, gzip\r\n\r\n") + "0\r\n\r\n"},
+      {"Transfer-Encoding chunked twice",
+       head("Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n") + "0\r\n\r\n"},
+      {"Transfer-Encoding chunked, chunked", head("Transfer-Encoding: chunked, chunked\r\n\r\n") + "0\r\n\r\n"},
+      {"Transfer-Encoding identity", head("Transfer-Encoding: identity\r\n\r\n") + "0\r\n\r\n"},
+      {"Transfer-Encoding xchunked", head("Transfer-Encoding: xchunked\r\n\r\n") + "0\r\n\r\n"},
+      {"obs-fold header line", head("X-Folded: a\r\n  continued\r\nContent-Length: 0\r\n\r\n")},
+      {"obs-fold with tab", head("X-Folded: a\r\n\tcontinued\r\nContent-Length: 0\r\n\r\n")},
+      {"bare LF line endings",
+       "POST /x HTTP/1.1\nHost: 127.0.0.1\nFencing-Token: 1\nContent-Length: 0\n\n"},
+      {"NUL in a header value", head(std::string("X-Nul: a") + '\0' + "b\r\nContent-Length: 0\r\n\r\n")},
+      {"CR inside a header value", head("X-Cr: a\rb\r\nContent-Length: 0\r\n\r\n")},
+      {"space before the colon", head("X-Name : v\r\nContent-Length: 0\r\n\r\n")},
+      {"space inside a header name", head("X Name: v\r\nContent-Length: 0\r\n\r\n")},
+      {"empty header name", head(": v\r\nContent-Length: 0\r\n\r\n")},
+      {"invalid character in a header name", head("X-N\"ame: v\r\nContent-Length: 0\r\n\r\n")},
+      {"malformed chunk size", head("Transfer-Encoding: chunked\r\n\r\n") + "zz\r\nhello\r\n0\r\n\r\n"},
+      {"pipelined request after CL+TE",
+       head("Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n") + "0\r\n\r\n" + kSmuggled},
+      {"pipelined request after duplicate Content-Length",
+       head("Content-Length: 0\r\nContent-Length: 92\r\n\r\n") + kSmuggled},
+      {"pipelined request after obs-fold", head("X-F: a\r\n b\r\nContent-Length: 0\r\n\r\n") + kSmuggled},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    HttpClient client;
+    auto r = send_raw(client, px.port(), c.bytes, 10s);
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.response.status == 400);
+    CHECK_MESSAGE(client.wait_closed(5s), "connection not closed after 400");
+    CHECK(up.count() == 0);
+  }
+  // A chunk-size error is found mid-body; the upstream must not get a complete request either way.
+  check_only_control_reached(px, up);
+}
+
+TEST_CASE("framing: a bad request on a keep-alive connection stops that connection") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  REQUIRE(is_2xx(c.request("POST", "/first", token(1))));
+  REQUIRE(c.send(head("Content-Length: 1\r\nContent-Length: 2\r\n\r\n") + "ab" + kSmuggled));
+  auto r = c.read_response();
+  INFO(describe(r));
+  REQUIRE(r.ok());
+  CHECK(r.response.status == 400);
+  CHECK(c.wait_closed(5s));
+  auto reqs = up.requests();
+  REQUIRE(reqs.size() == 1);
+  CHECK(reqs[0].target == "/first");
+}
+
+TEST_CASE("framing: oversized header 431, oversized body 413, slow header 408") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up, {"--max-header-bytes", "4096", "--max-body-bytes", "1000", "--header-timeout-ms", "500"}));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+
+  SUBCASE("431") {
+    HttpClient c;
+    auto r = send_raw(c, px.port(), head("X-Big: " + std::string(8000, 'a') + "\r\nContent-Length: 0\r\n\r\n"));
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.response.status == 431);
+    // Many small headers adding up over the limit count too.
+    std::string many;
+    for (int i = 0; i < 200; ++i) many += "X-H" + std::to_string(i) + ": " + std::string(30, 'b') + "\r\n";
+    HttpClient c2;
+    auto r2 = send_raw(c2, px.port(), head(many + "Content-Length: 0\r\n\r\n"));
+    INFO(describe(r2));
+    REQUIRE(r2.ok());
+    CHECK(r2.response.status == 431);
+  }
+  SUBCASE("413 on a declared Content-Length") {
+    HttpClient c;
+    // Only the head: the proxy must decide without the body.
+    auto r = send_raw(c, px.port(), head("Content-Length: 5000\r\n\r\n"));
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.response.status == 413);
+  }
+  SUBCASE("413 on a chunked body that grows over the limit") {
+    HttpClient c;
+    std::string body = chunked(std::string(1500, 'c'), 500);
+    auto r = send_raw(c, px.port(), head("Transfer-Encoding: chunked\r\n\r\n") + body);
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.response.status == 413);
+  }
+  SUBCASE("408 when the head does not arrive in time") {
+    HttpClient c;
+    REQUIRE(c.connect(px.port()));
+    REQUIRE(c.send("POST /slow HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-To"));
+    auto t0 = Clock::now();
+    auto r = c.read_response(10s);
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.response.status == 408);
+    CHECK(ms_between(t0, Clock::now()) >= 300);
+    CHECK(c.wait_closed(5s));
+  }
+  SUBCASE("a body within the limit passes") {
+    CHECK(is_2xx(request(px.port(), "POST", "/ok", token(1), std::string(1000, 'd'))));
+    REQUIRE(up.count() == 1);
+    CHECK(up.requests()[0].body.size() == 1000);
+    return;
+  }
+  auto reqs = up.requests();
+  for (const auto& q : reqs) INFO("upstream saw: ", q.target);
+  CHECK(up.count() == 0);
+}
+
+TEST_CASE("framing: CONNECT and Upgrade get 501 and are not forwarded") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  const std::vector<Bad> cases{
+      {"CONNECT", "CONNECT 127.0.0.1:443 HTTP/1.1\r\nHost: 127.0.0.1:443\r\n\r\n"},
+      {"websocket upgrade", "GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"},
+      {"h2c upgrade on a write", head("Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\nContent-Length: 0\r\n\r\n")},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.name);
+    HttpClient client;
+    auto r = send_raw(client, px.port(), c.bytes);
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.response.status == 501);
+  }
+  check_only_control_reached(px, up);
+}
+
+TEST_CASE("framing: the connection limit holds extra connections off") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up, {"--max-connections", "4"}));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  std::vector<HttpClient> held(4);
+  for (auto& c : held) {
+    REQUIRE(c.connect(px.port()));
+    REQUIRE(is_2xx(c.request("GET", "/held")));
+  }
+  // A fifth connection is not served while four are open (refused, closed, or left waiting).
+  HttpClient extra;
+  if (extra.connect(px.port(), 2s)) {
+    extra.send(build_request("GET", "/extra"));
+    auto r = extra.read_response(1500ms);
+    INFO(describe(r));
+    CHECK_FALSE(is_2xx(r));
+  }
+  held.clear();
+  // Once they are gone, new connections are served again.
+  ReadResult again;
+  for (int i = 0; i < 50 && !is_2xx(again); ++i) {
+    again = request(px.port(), "GET", "/again", {}, {}, 3s);
+    if (!is_2xx(again)) std::this_thread::sleep_for(100ms);
+  }
+  INFO(describe(again));
+  CHECK(is_2xx(again));
+}
+
+TEST_CASE("framing: an idle keep-alive connection is closed after the idle timeout") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up, {"--idle-timeout-ms", "500"}));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  REQUIRE(is_2xx(c.request("GET", "/a")));
+  CHECK(c.wait_closed(5s));
+}
+
+}  // TEST_SUITE

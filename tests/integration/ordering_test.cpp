@@ -1,0 +1,205 @@
+// The fencing order, the heart of the contract: for each resource, forwarded writes ordered by
+// when the upstream got them have non-decreasing generations, and no exchange of a lower
+// generation overlaps one of a higher generation. Plus drain and drain timeout.
+#include "tests/integration/harness.h"
+
+#include <future>
+#include <map>
+#include <random>
+#include <set>
+
+using namespace fencegate::testing;
+
+namespace {
+
+struct Sent {
+  int thread = 0;
+  std::int64_t gen = 0;
+  std::string target;
+  ReadResult result;
+};
+
+std::string show(const RecordedRequest& r, Clock::time_point t0) {
+  return r.target + " gen=" + r.fencing_token_raw() + " arrival=+" + std::to_string(ms_between(t0, r.arrival)) +
+         "ms completion=+" + std::to_string(ms_between(t0, r.completion)) + "ms " + to_string(r.outcome);
+}
+
+}  // namespace
+
+TEST_SUITE("ordering") {
+
+TEST_CASE("ordering: many concurrent writers, slow upstream: generations ordered, exchanges never overlap") {
+  RecordingUpstream up([](const RecordedRequest& r) { return UpstreamAction::delayed(5 + int(r.index * 13 % 30)); });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 25;
+  std::vector<std::vector<Sent>> sent(kThreads);
+  std::vector<std::thread> threads;
+  const auto t0 = Clock::now();
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      // Generations follow a shared clock (a new leader every ~60 ms) with per-writer jitter, so
+      // writers mostly overlap on the same or adjacent generations: advances, equal-generation
+      // writes, drains and stale rejections all happen, interleaved.
+      std::mt19937 rng(1000 + t);
+      std::uniform_int_distribution<int> jitter(-1, 1);
+      HttpClient c;
+      for (int k = 0; k < kPerThread; ++k) {
+        Sent s;
+        s.thread = t;
+        s.gen = std::max<std::int64_t>(1, 2 + ms_between(t0, Clock::now()) / 60 + jitter(rng));
+        s.target = "/w/" + std::to_string(t) + "/" + std::to_string(k);
+        if (!c.connected() && !c.connect(px.port())) {
+          s.result.status = ReadStatus::reset;
+          s.result.error = "connect failed";
+        } else {
+          s.result = c.request("POST", s.target, token(s.gen), "payload " + s.target, 30s);
+          if (!s.result.ok() || to_lower(s.result.response.header("Connection")) == "close") c.close();
+        }
+        sent[t].push_back(std::move(s));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+
+  // 1. Every client got a 2xx or a 409.
+  std::map<std::string, const Sent*> by_target;
+  int n2xx = 0, n409 = 0;
+  for (const auto& v : sent)
+    for (const auto& s : v) {
+      by_target[s.target] = &s;
+      CAPTURE(s.target);
+      CAPTURE(s.gen);
+      INFO(describe(s.result));
+      REQUIRE(s.result.ok());
+      int code = s.result.response.status;
+      CHECK((is_2xx(s.result) || code == 409));
+      if (is_2xx(s.result)) {
+        ++n2xx;
+        auto fg = s.result.response.header("Fencing-Generation");
+        REQUIRE_FALSE(fg.empty());
+        CHECK(std::stoll(fg) >= s.gen);
+      } else if (code == 409) {
+        ++n409;
+        json j = body_json(s.result);
+        REQUIRE(j.contains("current_generation"));
+        CHECK(j["presented_generation"] == s.gen);
+        CHECK(j["current_generation"].get<std::int64_t>() > s.gen);
+      }
+    }
+  INFO("forwarded: ", n2xx, ", rejected stale: ", n409);
+  CHECK(n2xx >= 20);  // the property is only meaningful with many forwarded writes
+  CHECK(n409 >= 1);
+
+  // 2. The upstream saw exactly the 2xx writes, each once, with the token the client sent.
+  auto reqs = up.requests();
+  std::set<std::string> seen;
+  for (const auto& r : reqs) {
+    CAPTURE(r.target);
+    CHECK(seen.insert(r.target).second);  // no duplicates
+    auto it = by_target.find(r.target);
+    REQUIRE(it != by_target.end());
+    CHECK(is_2xx(it->second->result));  // a 409's write never reaches the upstream
+    CHECK(r.fencing_token() == it->second->gen);
+    CHECK(r.outcome == Outcome::responded);
+  }
+  CHECK(int(reqs.size()) == n2xx);
+  CHECK(up.parse_errors().empty());
+
+  // 3. Ordered by arrival, generations never decrease.
+  std::sort(reqs.begin(), reqs.end(), [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
+  for (std::size_t i = 1; i < reqs.size(); ++i) {
+    INFO("previous: ", show(reqs[i - 1], t0), "\nthis:     ", show(reqs[i], t0));
+    CHECK(*reqs[i - 1].fencing_token() <= *reqs[i].fencing_token());
+  }
+  // 4. A lower generation's exchange is over before a higher generation's starts.
+  int overlaps = 0;
+  for (const auto& a : reqs)
+    for (const auto& b : reqs)
+      if (*a.fencing_token() < *b.fencing_token() && !(a.completion <= b.arrival)) {
+        if (++overlaps <= 5) {
+          INFO("lower:  ", show(a, t0), "\nhigher: ", show(b, t0));
+          CHECK_MESSAGE(false, "a lower generation's upstream exchange overlaps a higher one's");
+        }
+      }
+  CHECK(overlaps == 0);
+}
+
+TEST_CASE("ordering: drain: a newer generation waits for the in-flight older write; older arrivals get 409 at once") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    return r.fencing_token() == 1 ? UpstreamAction::delayed(1000) : UpstreamAction{};
+  });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+
+  auto old_write = std::async(std::launch::async, [&] { return timed_request(px.port(), "POST", "/gen1", token(1)); });
+  REQUIRE(up.wait_for_count(1, 10s));
+  auto new_write = std::async(std::launch::async, [&] { return timed_request(px.port(), "POST", "/gen2", token(2)); });
+  std::this_thread::sleep_for(150ms);  // let gen 2 be admitted (its advance committed) and start waiting
+  auto late = timed_request(px.port(), "POST", "/gen1-late", token(1));
+  auto o = old_write.get();
+  auto n = new_write.get();
+  INFO("gen1: ", describe(o.result), "\ngen2: ", describe(n.result), "\nlate gen1: ", describe(late.result));
+
+  CHECK(is_2xx(o.result));  // the older write that was let through completes normally
+  CHECK(is_2xx(n.result));
+  check_problem(late.result, 409, "default", 1, 2);
+  CHECK(late.elapsed < 700ms);  // at once, not after the 1 s in-flight write
+
+  auto reqs = up.requests();
+  REQUIRE(reqs.size() == 2);
+  CHECK(reqs[0].target == "/gen1");
+  CHECK(reqs[1].target == "/gen2");
+  CHECK(reqs[0].outcome == Outcome::responded);
+  CHECK(reqs[0].completion <= reqs[1].arrival);
+  CHECK(ms_between(reqs[0].arrival, reqs[1].arrival) >= 900);
+}
+
+TEST_CASE("ordering: drain timeout: the hung older exchange is aborted with 504, then the newer write goes") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    return r.fencing_token() == 1 ? UpstreamAction::hang() : UpstreamAction{};
+  });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.args = {"--drain-timeout-ms", "800"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+
+  auto old_write = std::async(std::launch::async, [&] { return timed_request(px.port(), "POST", "/gen1", token(1)); });
+  REQUIRE(up.wait_for_count(1, 10s));
+  auto new_write = std::async(std::launch::async, [&] { return timed_request(px.port(), "POST", "/gen2", token(2)); });
+  std::this_thread::sleep_for(150ms);
+  auto late = timed_request(px.port(), "POST", "/gen1-late", token(1));
+  auto n = new_write.get();
+  auto o = old_write.get();
+  INFO("gen1: ", describe(o.result), "\ngen2: ", describe(n.result), "\nlate gen1: ", describe(late.result));
+
+  check_problem(late.result, 409, "default", 1, 2);
+  CHECK(late.elapsed < 600ms);
+  CHECK(is_2xx(n.result));
+  CHECK(n.elapsed >= 600ms);  // it waited for the drain timeout (800 ms, less the test's own latency)
+  CHECK(n.elapsed < 8s);
+  REQUIRE(o.result.ok());
+  check_problem(o.result, 504, std::nullopt, std::nullopt, std::nullopt, /*full_fence_members=*/false);
+
+  REQUIRE(up.wait_for_outcome(0, 5s));
+  auto reqs = up.requests();
+  REQUIRE(reqs.size() == 2);
+  CHECK(reqs[0].target == "/gen1");
+  CHECK(reqs[0].outcome == Outcome::aborted_by_peer);
+  CHECK(reqs[1].target == "/gen2");
+  CHECK(ms_between(reqs[0].arrival, reqs[1].arrival) >= 600);
+  // The abort is seen by the upstream's own thread, so allow it a little scheduling slack.
+  CHECK(ms_between(reqs[0].completion, reqs[1].arrival) >= -100);
+}
+
+}  // TEST_SUITE

@@ -1,0 +1,81 @@
+// Upstream failures: unreachable -> 502, too slow -> 504, both problem+json; a reset or an early
+// close -> 502; the proxy keeps serving afterwards.
+#include "tests/integration/harness.h"
+
+using namespace fencegate::testing;
+
+TEST_SUITE("upstream_errors") {
+
+TEST_CASE("upstream unreachable: 502 problem+json for writes and reads") {
+  ProxySpec spec;
+  spec.upstream = "http://127.0.0.1:" + std::to_string(free_port());  // nothing listens there
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  auto w = request(px.port(), "POST", "/w", token(1), "x", 15s);
+  check_problem(w, 502, std::nullopt, std::nullopt, std::nullopt, /*full_fence_members=*/false);
+  CHECK(w.response.has("Fencing-Generation"));  // a fenced request: every response carries it
+  auto r = request(px.port(), "GET", "/r", {}, {}, 15s);
+  check_problem(r, 502, std::nullopt, std::nullopt, std::nullopt, false);
+}
+
+TEST_CASE("upstream slower than the upstream timeout: 504 problem+json, the exchange is abandoned") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    return r.target == "/slow" ? UpstreamAction::delayed(4000) : UpstreamAction{};
+  });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.args = {"--upstream-timeout-ms", "400"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  auto t = timed_request(px.port(), "POST", "/slow", token(1));
+  check_problem(t.result, 504, std::nullopt, std::nullopt, std::nullopt, false);
+  CHECK(t.elapsed < 3500ms);
+  REQUIRE(up.wait_for_outcome(0, 6s));
+  auto o = up.requests()[0].outcome;
+  CAPTURE(to_string(o));
+  CHECK((o == Outcome::aborted_by_peer || o == Outcome::write_failed));
+  CHECK(is_2xx(request(px.port(), "POST", "/fast", token(1))));
+}
+
+TEST_CASE("upstream resets or closes without answering: 502, and the proxy keeps serving") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    if (r.target == "/reset") return UpstreamAction::reset_connection();
+    if (r.target == "/close") return UpstreamAction::close_connection();
+    return UpstreamAction{};
+  });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  check_problem(request(px.port(), "POST", "/reset", token(1)), 502, std::nullopt, std::nullopt, std::nullopt, false);
+  check_problem(request(px.port(), "POST", "/close", token(1)), 502, std::nullopt, std::nullopt, std::nullopt, false);
+  CHECK(is_2xx(request(px.port(), "POST", "/after", token(1))));
+}
+
+TEST_CASE("upstream closing its connections after each response does not break later requests") {
+  RecordingUpstream up([](const RecordedRequest&) {
+    auto a = UpstreamAction::respond(200);
+    a.headers = {{"Connection", "close"}};
+    return a;
+  });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  for (int i = 0; i < 5; ++i) {
+    auto r = c.request("POST", "/n" + std::to_string(i), token(1));
+    INFO(describe(r));
+    CHECK(is_2xx(r));
+    if (!r.ok() || to_lower(r.response.header("Connection")) == "close") REQUIRE(c.connect(px.port()));
+  }
+  CHECK(up.count() == 5);
+  CHECK(up.connections_accepted() == 5);
+}
+
+}  // TEST_SUITE
