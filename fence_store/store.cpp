@@ -8,7 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <climits>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -23,6 +25,10 @@ namespace fencegate::store {
 namespace {
 
 constexpr int kBusyTimeoutMs = 5000;
+// Retention: the store thread prunes about every second when idle, and after commits at most every
+// kPruneMinGap (so a steady write load does not pay an extra transaction per batch).
+constexpr std::chrono::milliseconds kPruneIdleInterval{1000};
+constexpr std::chrono::milliseconds kPruneMinGap{200};
 
 std::int64_t now_ms() {
   using namespace std::chrono;
@@ -159,8 +165,9 @@ std::string probe(sqlite3* db, const std::string& path) {
 
 // ---- Audit queries: one prepared statement per combination of filters, prepared on first use. ----
 
-constexpr unsigned kResource = 1, kDecision = 2, kLeader = 4, kSince = 8, kUntil = 16, kBefore = 32;
-constexpr unsigned kFilterCount = 64;  // every combination of the filters above
+constexpr unsigned kResource = 1, kDecision = 2, kLeader = 4, kSince = 8, kUntil = 16, kBefore = 32,
+                   kAfter = 64;
+constexpr unsigned kFilterCount = 128;  // every combination of the filters above
 
 std::string audit_query_sql(unsigned mask) {
   std::string sql =
@@ -172,9 +179,28 @@ std::string audit_query_sql(unsigned mask) {
   if (mask & kSince) sql += " AND time_ms >= :since";
   if (mask & kUntil) sql += " AND time_ms < :until";
   if (mask & kBefore) sql += " AND id < :before";
-  sql += " ORDER BY id DESC LIMIT :limit";
+  if (mask & kAfter) sql += " AND id > :after";
+  sql += (mask & kAfter) ? " ORDER BY id ASC LIMIT :limit" : " ORDER BY id DESC LIMIT :limit";
   return sql;
 }
+
+// Unfenced callers: with/without the resource and since filters (2 x 2 statements).
+constexpr unsigned kUnfencedResource = 1, kUnfencedSince = 2;
+constexpr unsigned kUnfencedCount = 4;
+
+std::string unfenced_query_sql(unsigned mask) {
+  std::string sql =
+      "SELECT resource, client, user_agent, leader, count(*), min(time_ms), max(time_ms) FROM audit"
+      " WHERE decision IN ('rejected_missing', 'rejected_malformed', 'would_reject_missing',"
+      " 'would_reject_malformed')";
+  if (mask & kUnfencedResource) sql += " AND resource = :resource";
+  if (mask & kUnfencedSince) sql += " AND time_ms >= :since";
+  sql += " GROUP BY resource, client, user_agent, leader"
+         " ORDER BY max(time_ms) DESC, resource, client, user_agent, leader LIMIT :limit";
+  return sql;
+}
+
+int clamp_limit(int limit) { return limit < 1 ? 1 : (limit > 1000 ? 1000 : limit); }
 
 // One read connection and its prepared statements. Guarded by the owner's mutex.
 class Reader {
@@ -183,6 +209,7 @@ class Reader {
   ~Reader() {
     sqlite3_finalize(load_all_);
     for (auto* st : audit_) sqlite3_finalize(st);
+    for (auto* st : unfenced_) sqlite3_finalize(st);
     sqlite3_close_v2(db_);
   }
   Reader(const Reader&) = delete;
@@ -210,7 +237,8 @@ class Reader {
     std::vector<AuditRecord> out;
     unsigned mask = (q.resource.empty() ? 0u : kResource) | (q.decision.empty() ? 0u : kDecision) |
                     (q.leader.empty() ? 0u : kLeader) | (q.since_ms == 0 ? 0u : kSince) |
-                    (q.until_ms == 0 ? 0u : kUntil) | (q.before_id == 0 ? 0u : kBefore);
+                    (q.until_ms == 0 ? 0u : kUntil) | (q.before_id == 0 ? 0u : kBefore) |
+                    (q.after_id > 0 ? kAfter : 0u);
     sqlite3_stmt*& st = audit_[mask];
     if (!st && !prepare(audit_query_sql(mask).c_str(), &st, status)) return out;
     auto idx = [&](const char* name) { return sqlite3_bind_parameter_index(st, name); };
@@ -220,7 +248,8 @@ class Reader {
     if (mask & kSince) sqlite3_bind_int64(st, idx(":since"), q.since_ms);
     if (mask & kUntil) sqlite3_bind_int64(st, idx(":until"), q.until_ms);
     if (mask & kBefore) sqlite3_bind_int64(st, idx(":before"), q.before_id);
-    int limit = q.limit < 1 ? 1 : (q.limit > 1000 ? 1000 : q.limit);
+    if (mask & kAfter) sqlite3_bind_int64(st, idx(":after"), q.after_id);
+    const int limit = clamp_limit(q.limit);
     sqlite3_bind_int(st, idx(":limit"), limit);
     out.reserve(static_cast<std::size_t>(limit));
     int rc;
@@ -244,6 +273,32 @@ class Reader {
     return out;
   }
 
+  std::vector<UnfencedGroup> query_unfenced(const std::string& resource, std::int64_t since_ms, int limit,
+                                            Status* status) {
+    std::vector<UnfencedGroup> out;
+    unsigned mask = (resource.empty() ? 0u : kUnfencedResource) | (since_ms == 0 ? 0u : kUnfencedSince);
+    sqlite3_stmt*& st = unfenced_[mask];
+    if (!st && !prepare(unfenced_query_sql(mask).c_str(), &st, status)) return out;
+    auto idx = [&](const char* name) { return sqlite3_bind_parameter_index(st, name); };
+    if (mask & kUnfencedResource) bind_text(st, idx(":resource"), resource);
+    if (mask & kUnfencedSince) sqlite3_bind_int64(st, idx(":since"), since_ms);
+    sqlite3_bind_int(st, idx(":limit"), clamp_limit(limit));
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      UnfencedGroup g;
+      g.resource = col_text(st, 0);
+      g.client = col_text(st, 1);
+      g.user_agent = col_text(st, 2);
+      g.leader = col_text(st, 3);
+      g.count = sqlite3_column_int64(st, 4);
+      g.first_ms = sqlite3_column_int64(st, 5);
+      g.last_ms = sqlite3_column_int64(st, 6);
+      out.push_back(std::move(g));
+    }
+    finish(st, rc, status);
+    return out;
+  }
+
  private:
   bool prepare(const char* sql, sqlite3_stmt** st, Status* status) {
     if (sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, st, nullptr) == SQLITE_OK) return true;
@@ -262,6 +317,7 @@ class Reader {
   sqlite3* const db_;
   sqlite3_stmt* load_all_ = nullptr;
   std::array<sqlite3_stmt*, kFilterCount> audit_{};
+  std::array<sqlite3_stmt*, kUnfencedCount> unfenced_{};
 };
 
 // ---- The owning store: lock file, writer thread, reader. ----
@@ -280,8 +336,14 @@ class OwnedStore final : public Store {
         " advanced_at_ms = excluded.advanced_at_ms, advanced_by = excluded.advanced_by"
         " WHERE excluded.generation > resources.generation",
         "INSERT INTO audit(time_ms, resource, decision, presented_generation, current_generation, method,"
-        " target, client, leader, mode, user_agent) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"};
-    sqlite3_stmt** outs[] = {&begin_, &commit_, &rollback_, &upsert_, &insert_audit_};
+        " target, client, leader, mode, user_agent) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        // Retention: each runs in autocommit mode, one chunk per transaction. A DELETE that matches
+        // nothing writes no WAL frame, so an idle check costs an index probe and no fsync.
+        "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)",
+        "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)",
+        "SELECT count(*) FROM audit"};
+    sqlite3_stmt** outs[] = {&begin_, &commit_, &rollback_, &upsert_, &insert_audit_,
+                             &prune_age_, &prune_oldest_, &count_audit_};
     for (std::size_t i = 0; i < std::size(sqls); ++i)
       if (sqlite3_prepare_v3(wdb_, sqls[i], -1, SQLITE_PREPARE_PERSISTENT, outs[i], nullptr) != SQLITE_OK)
         return "cannot prepare statements on database " + path_ + ": " + sqlite3_errmsg(wdb_);
@@ -299,7 +361,8 @@ class OwnedStore final : public Store {
     // The reader first: the last connection to close checkpoints and removes the WAL, and only a
     // read-write connection can do that.
     reader_.reset();
-    for (auto* st : {begin_, commit_, rollback_, upsert_, insert_audit_}) sqlite3_finalize(st);
+    for (auto* st : {begin_, commit_, rollback_, upsert_, insert_audit_, prune_age_, prune_oldest_, count_audit_})
+      sqlite3_finalize(st);
     sqlite3_close_v2(wdb_);
     ::close(lock_fd_);  // release ownership only after every connection is closed
   }
@@ -333,6 +396,28 @@ class OwnedStore final : public Store {
     return reader_->query_audit(q, status);
   }
 
+  std::vector<UnfencedGroup> query_unfenced(const std::string& resource, std::int64_t since_ms, int limit,
+                                            Status* status) override {
+    std::lock_guard lk(read_mu_);
+    return reader_->query_unfenced(resource, since_ms, limit, status);
+  }
+
+  void set_retention(std::int64_t max_age_ms, std::uint64_t max_rows) override {
+    {
+      std::lock_guard lk(mu_);
+      max_age_ms_ = max_age_ms < 0 ? 0 : max_age_ms;
+      max_rows_ = max_rows;
+      retention_changed_ = true;
+    }
+    cv_.notify_one();
+  }
+
+  void set_commit_observer(CommitObserver observer) override {
+    auto p = observer ? std::make_shared<const CommitObserver>(std::move(observer)) : nullptr;
+    std::lock_guard lk(observer_mu_);
+    observer_ = std::move(p);
+  }
+
   std::size_t queue_depth() const override { return pending_.load(std::memory_order_relaxed); }
   void inject_commit_failure(bool on) override { inject_failure_.store(on); }
   std::uint64_t commit_count() const override { return commits_.load(); }
@@ -360,28 +445,136 @@ class OwnedStore final : public Store {
     if (it.done) it.done(Status::Error("store for database " + path_ + " is shutting down"));
   }
 
+  // The store thread. Queued items always go first: retention deletes run one chunk at a time,
+  // only when the queue is empty, so a write waits behind at most one chunk.
   void run() {
+    using Clock = std::chrono::steady_clock;
     std::vector<Item> batch;
+    Retention retention;
+    bool prune_more = false;      // the last chunk may have left more to delete
+    bool prune_now = false;       // retention was just set
+    auto last_prune = Clock::now() - kPruneIdleInterval;
     for (;;) {
       {
         std::unique_lock lk(mu_);
-        cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping and drained
-        batch.swap(queue_);          // both keep their capacity: no reallocation per batch
+        auto wake = [&] { return stopping_ || !queue_.empty() || retention_changed_; };
+        if (!prune_more && !wake()) {
+          if (max_age_ms_ > 0 || max_rows_ > 0)
+            cv_.wait_for(lk, kPruneIdleInterval, wake);
+          else
+            cv_.wait(lk, wake);
+        }
+        if (queue_.empty() && stopping_) return;  // stopping and drained
+        batch.swap(queue_);                        // both keep their capacity: no reallocation per batch
+        retention = Retention{max_age_ms_, max_rows_};
+        if (retention_changed_) prune_now = true;
+        retention_changed_ = false;
       }
-      Status s = commit(batch);
-      if (s.ok()) commits_.fetch_add(1);
-      for (auto& it : batch) {
-        if (!it.done) continue;
-        try {
-          it.done(s);
-        } catch (...) {
-          // A throwing completion must not kill the store thread.
+      if (!batch.empty()) run_batch(batch);
+      if (retention.max_age_ms <= 0 && retention.max_rows == 0) {
+        prune_more = prune_now = false;
+        continue;
+      }
+      const auto now = Clock::now();
+      if (!prune_more && !prune_now && now - last_prune < kPruneMinGap) continue;
+      {
+        std::lock_guard lk(mu_);
+        if (stopping_) continue;  // drain and exit; no pruning on the way out
+        if (!queue_.empty()) {    // writes first; come back for the prune
+          prune_more = true;
+          continue;
         }
       }
-      pending_.fetch_sub(batch.size(), std::memory_order_relaxed);
-      batch.clear();
+      prune_more = prune_chunk(retention);
+      prune_now = false;
+      last_prune = now;
     }
+  }
+
+  // Commits one batch, reports it to the observer, then runs its completions.
+  void run_batch(std::vector<Item>& batch) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Status s = commit(batch);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s.ok()) {
+      commits_.fetch_add(1);
+      if (audit_rows_ >= 0)
+        for (const auto& it : batch) audit_rows_ += it.kind == Item::kAudit;
+    } else {
+      audit_rows_ = -1;  // a failed COMMIT may or may not have landed: recount before the next prune
+    }
+    std::shared_ptr<const CommitObserver> obs;
+    {
+      std::lock_guard lk(observer_mu_);
+      obs = observer_;
+    }
+    if (obs) {
+      try {
+        (*obs)(seconds, batch.size(), s.ok());
+      } catch (...) {
+        // An observer must not kill the store thread either.
+      }
+    }
+    for (auto& it : batch) {
+      if (!it.done) continue;
+      try {
+        it.done(s);
+      } catch (...) {
+        // A throwing completion must not kill the store thread.
+      }
+    }
+    pending_.fetch_sub(batch.size(), std::memory_order_relaxed);
+    batch.clear();
+  }
+
+  struct Retention {
+    std::int64_t max_age_ms = 0;
+    std::uint64_t max_rows = 0;
+  };
+
+  // Deletes at most one chunk (kPruneChunkRows) of audit rows that retention no longer keeps, in
+  // one autocommit statement. Returns true iff more may remain. Errors are retried next time.
+  bool prune_chunk(const Retention& r) {
+    if (r.max_age_ms > 0) {
+      sqlite3_bind_int64(prune_age_, 1, now_ms() - r.max_age_ms);
+      sqlite3_bind_int(prune_age_, 2, kPruneChunkRows);
+      std::string err;
+      bool ok = step(prune_age_, &err);
+      sqlite3_clear_bindings(prune_age_);
+      if (!ok) {
+        audit_rows_ = -1;
+        return false;
+      }
+      const auto n = sqlite3_changes64(wdb_);
+      if (audit_rows_ >= 0) audit_rows_ -= n;
+      if (n >= kPruneChunkRows) return true;
+    }
+    if (r.max_rows > 0) {
+      if (audit_rows_ < 0 && !count_rows()) return false;
+      const auto keep = static_cast<std::int64_t>(std::min<std::uint64_t>(r.max_rows, INT64_MAX));
+      const std::int64_t excess = audit_rows_ - keep;
+      if (excess <= 0) return false;
+      const std::int64_t chunk = std::min<std::int64_t>(excess, kPruneChunkRows);
+      sqlite3_bind_int64(prune_oldest_, 1, chunk);
+      std::string err;
+      bool ok = step(prune_oldest_, &err);
+      sqlite3_clear_bindings(prune_oldest_);
+      if (!ok) {
+        audit_rows_ = -1;
+        return false;
+      }
+      audit_rows_ -= sqlite3_changes64(wdb_);
+      return excess > chunk;
+    }
+    return false;
+  }
+
+  // Counts the audit rows (once, or after a failure left the count uncertain). Returns true iff ok.
+  bool count_rows() {
+    int rc = sqlite3_step(count_audit_);
+    if (rc == SQLITE_ROW) audit_rows_ = sqlite3_column_int64(count_audit_, 0);
+    sqlite3_reset(count_audit_);
+    return rc == SQLITE_ROW;
   }
 
   // Runs `st` to completion. Returns false on error (message in *err).
@@ -449,7 +642,13 @@ class OwnedStore final : public Store {
   sqlite3_stmt* rollback_ = nullptr;
   sqlite3_stmt* upsert_ = nullptr;
   sqlite3_stmt* insert_audit_ = nullptr;
+  sqlite3_stmt* prune_age_ = nullptr;
+  sqlite3_stmt* prune_oldest_ = nullptr;
+  sqlite3_stmt* count_audit_ = nullptr;
   std::thread thread_;
+
+  // Used only by the store thread: rows in the audit table, -1 = unknown (counted on demand).
+  std::int64_t audit_rows_ = -1;
 
   // Guarded by read_mu_
   std::mutex read_mu_;
@@ -460,6 +659,13 @@ class OwnedStore final : public Store {
   std::condition_variable cv_;
   std::vector<Item> queue_;
   bool stopping_ = false;
+  std::int64_t max_age_ms_ = 0;  // retention; 0 = no limit
+  std::uint64_t max_rows_ = 0;
+  bool retention_changed_ = false;
+
+  // Guarded by observer_mu_
+  std::mutex observer_mu_;
+  std::shared_ptr<const CommitObserver> observer_;
 
   std::atomic<std::size_t> pending_{0};
   std::atomic<std::uint64_t> commits_{0};
@@ -482,6 +688,13 @@ class ReadOnlyStore final : public Store {
     std::lock_guard lk(mu_);
     return reader_.query_audit(q, status);
   }
+  std::vector<UnfencedGroup> query_unfenced(const std::string& resource, std::int64_t since_ms, int limit,
+                                            Status* status) override {
+    std::lock_guard lk(mu_);
+    return reader_.query_unfenced(resource, since_ms, limit, status);
+  }
+  void set_retention(std::int64_t, std::uint64_t) override {}
+  void set_commit_observer(CommitObserver) override {}
   std::size_t queue_depth() const override { return 0; }
   void inject_commit_failure(bool) override {}
 

@@ -14,6 +14,7 @@
 // Thread-safety: every public method is thread-safe.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,7 +52,7 @@ struct AuditRow {
   std::int64_t current_generation = 0;    // stored generation at decision time
   std::string method;
   std::string target;
-  std::string client;                     // "ip:port"
+  std::string client;                     // client IP address (the proxy records no port)
   std::string leader;                     // Fencing-Leader header ("" if absent)
   std::string mode;                       // enforce | observe
   std::string user_agent;
@@ -61,7 +62,17 @@ struct AuditQuery {
   std::string resource, decision, leader;  // "" = any
   std::int64_t since_ms = 0, until_ms = 0; // 0 = unbounded; since inclusive, until exclusive
   std::int64_t before_id = 0;              // cursor: rows with id < before_id; 0 = newest
+  std::int64_t after_id = 0;               // if > 0: rows with id > after_id, OLDEST first (follow)
   int limit = 100;
+};
+
+// Callers that still send writes without a valid token (observe-mode migration report):
+// audit rows with decision rejected_missing, rejected_malformed, would_reject_missing or
+// would_reject_malformed, grouped by (resource, client, user_agent, leader).
+struct UnfencedGroup {
+  std::string resource, client, user_agent, leader;
+  std::int64_t count = 0;
+  std::int64_t first_ms = 0, last_ms = 0;
 };
 struct AuditRecord {
   std::int64_t id = 0;
@@ -96,8 +107,34 @@ class Store {
   // Both write methods refuse at once, running `done` on the caller's thread with an error, on a
   // read-only store or one being destroyed.
 
-  // Reads audit rows, newest first (by id). Thread-safe; uses its own read connection.
+  // Reads audit rows, newest first (by id; oldest first when q.after_id > 0). Thread-safe; uses its
+  // own read connection.
   virtual std::vector<AuditRecord> query_audit(const AuditQuery& q, Status* status) = 0;
+
+  // Callers still writing without a valid token: audit rows whose decision is rejected_missing,
+  // rejected_malformed, would_reject_missing or would_reject_malformed, optionally only for
+  // `resource` ("" = any) and with time_ms >= since_ms (0 = any time), grouped by (resource,
+  // client, user_agent, leader), most recently seen first. limit is clamped to 1..1000.
+  // Thread-safe; uses the read connection (works on read-only stores).
+  virtual std::vector<UnfencedGroup> query_unfenced(const std::string& resource, std::int64_t since_ms,
+                                                    int limit, Status* status) = 0;
+
+  // Audit retention, enforced in the background by the store thread: after commits (at most a few
+  // times a second) and about every second when idle, it deletes rows with time_ms older than
+  // now - max_age_ms and rows beyond the newest max_rows (by id). 0 = no limit. Deletes run in
+  // chunks of at most kPruneChunkRows rows, one transaction each, and queued writes go first, so an
+  // advance waits behind at most one chunk. The row count may exceed max_rows briefly (< 1 s).
+  // No-op on a read-only store.
+  virtual void set_retention(std::int64_t max_age_ms, std::uint64_t max_rows) = 0;
+  static constexpr int kPruneChunkRows = 5000;
+
+  // Called on the store thread after each batch's transaction, before the batch's completions,
+  // with the seconds the transaction took (BEGIN to COMMIT, including the fsync), the number of
+  // items in the batch and whether it committed. Prune transactions are not reported. Must be
+  // quick and must not call into the Store. An empty function removes the observer. No-op on a
+  // read-only store.
+  using CommitObserver = std::function<void(double seconds, std::size_t items, bool ok)>;
+  virtual void set_commit_observer(CommitObserver observer) = 0;
 
   // Number of items waiting for the store thread (queued or in the batch being committed; an item
   // leaves the count once its completion has run).

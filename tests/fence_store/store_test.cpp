@@ -1,5 +1,6 @@
 // Tests for fence_store: schema, advance semantics, ownership, group commit, fail-closed commits
-// (injected and real EFBIG), audit queries, and durability across kill -9.
+// (injected and real EFBIG), audit queries (follow cursor, unfenced callers), retention, the commit
+// observer, and durability across kill -9.
 #include "fence_store/store.h"
 
 #include <doctest/doctest.h>
@@ -125,6 +126,7 @@ struct Q : AuditQuery {
   Q& since(std::int64_t v) { since_ms = v; return *this; }
   Q& until(std::int64_t v) { until_ms = v; return *this; }
   Q& lim(int v) { limit = v; return *this; }
+  Q& after(std::int64_t v) { after_id = v; return *this; }
 };
 
 std::int64_t wall_ms() {
@@ -465,6 +467,323 @@ TEST_CASE("audit queries: filters, newest first, cursor pagination, limit clamp,
   CHECK(s->query_audit(Q().lim(100000), &st).size() == 1000);
   CHECK(st.ok());
   CHECK(s->query_audit(Q().lim(100000), nullptr).size() == 1000);
+}
+
+TEST_CASE("after_id: rows after the cursor, oldest first, with filters and limit") {
+  TempDir t;
+  auto s = must_open(t.db());
+  for (int i = 0; i < 20; ++i) s->append_audit(row(i % 2 ? "odd" : "even", "rejected_stale", "", 1000 + i), {});
+  REQUIRE(audit_sync(*s, row("even", "last", "", 2000)).ok());
+  auto all = all_audit(*s);
+  REQUIRE(all.size() == 21);
+  const std::int64_t first_id = all.back().id;
+
+  Status st = Status::Error("unset");
+  auto page = s->query_audit(Q().after(first_id).lim(5), &st);
+  CHECK(st.ok());
+  REQUIRE(page.size() == 5);
+  for (std::size_t i = 0; i < page.size(); ++i) CHECK(page[i].id == first_id + 1 + static_cast<std::int64_t>(i));
+  CHECK(page[0].row.time_ms == 1001);
+
+  // Following with the cursor visits every later row exactly once, in id order.
+  std::vector<std::int64_t> seen;
+  std::int64_t cursor = first_id;
+  for (;;) {
+    auto p = s->query_audit(Q().after(cursor).lim(4), &st);
+    REQUIRE(st.ok());
+    if (p.empty()) break;
+    for (const auto& r : p) seen.push_back(r.id);
+    cursor = p.back().id;
+  }
+  REQUIRE(seen.size() == 20);
+  for (std::size_t i = 1; i < seen.size(); ++i) CHECK(seen[i] == seen[i - 1] + 1);
+
+  auto evens = s->query_audit(Q().after(first_id).res("even").lim(100), &st);
+  CHECK(evens.size() == 10);  // 9 more "even" stale rows + "last"
+  for (const auto& r : evens) CHECK(r.row.resource == "even");
+  CHECK(evens.back().row.decision == "last");
+  CHECK(s->query_audit(Q().after(first_id).since(1010).until(1015), &st).size() == 5);
+  CHECK(s->query_audit(Q().after(all.front().id), &st).empty());  // nothing newer yet
+
+  REQUIRE(audit_sync(*s, row("odd", "newer")).ok());
+  auto more = s->query_audit(Q().after(all.front().id), &st);
+  REQUIRE(more.size() == 1);
+  CHECK(more[0].row.decision == "newer");
+}
+
+TEST_CASE("query_unfenced groups missing/malformed tokens by caller, most recently seen first") {
+  TempDir t;
+  auto s = must_open(t.db());
+  auto caller = [](std::string res, std::string dec, std::string client, std::string ua, std::string leader,
+                   std::int64_t time_ms) {
+    AuditRow r = row(std::move(res), std::move(dec), std::move(leader), time_ms);
+    r.client = std::move(client);
+    r.user_agent = std::move(ua);
+    return r;
+  };
+  // orders: one caller without a token in observe mode (3 rows), then enforced (1 row): one group.
+  s->append_audit(caller("orders", "would_reject_missing", "10.0.0.1", "cron/1", "", 1000), {});
+  s->append_audit(caller("orders", "would_reject_missing", "10.0.0.1", "cron/1", "", 1100), {});
+  s->append_audit(caller("orders", "would_reject_malformed", "10.0.0.1", "cron/1", "", 1050), {});
+  s->append_audit(caller("orders", "rejected_missing", "10.0.0.1", "cron/1", "", 1200), {});
+  // Same IP, other user agent: its own group.
+  s->append_audit(caller("orders", "rejected_malformed", "10.0.0.1", "curl/8", "", 1300), {});
+  // Same caller, with a leader header: its own group.
+  s->append_audit(caller("orders", "would_reject_missing", "10.0.0.1", "cron/1", "L1", 900), {});
+  // Other resource.
+  s->append_audit(caller("users", "rejected_missing", "10.0.0.2", "svc", "", 1500), {});
+  // Not unfenced: stale tokens were fenced, just old.
+  s->append_audit(caller("orders", "rejected_stale", "10.0.0.3", "svc", "", 5000), {});
+  s->append_audit(caller("orders", "would_reject_stale", "10.0.0.3", "svc", "", 5000), {});
+  REQUIRE(audit_sync(*s, caller("users", "something_else", "10.0.0.4", "svc", "", 6000)).ok());
+
+  Status st = Status::Error("unset");
+  auto g = s->query_unfenced("", 0, 100, &st);
+  CHECK(st.ok());
+  REQUIRE(g.size() == 4);
+  CHECK(g[0].resource == "users");
+  CHECK(g[0].client == "10.0.0.2");
+  CHECK(g[0].count == 1);
+  CHECK(g[1].resource == "orders");
+  CHECK(g[1].user_agent == "curl/8");
+  CHECK(g[1].last_ms == 1300);
+  CHECK(g[2].resource == "orders");
+  CHECK(g[2].client == "10.0.0.1");
+  CHECK(g[2].user_agent == "cron/1");
+  CHECK(g[2].leader == "");
+  CHECK(g[2].count == 4);
+  CHECK(g[2].first_ms == 1000);
+  CHECK(g[2].last_ms == 1200);
+  CHECK(g[3].leader == "L1");
+  CHECK(g[3].count == 1);
+  CHECK(g[3].first_ms == 900);
+
+  auto orders = s->query_unfenced("orders", 0, 100, &st);
+  REQUIRE(orders.size() == 3);
+  for (const auto& x : orders) CHECK(x.resource == "orders");
+
+  // since_ms filters rows before grouping: first_ms and count cover only the window.
+  auto recent = s->query_unfenced("orders", 1100, 100, &st);
+  REQUIRE(recent.size() == 2);
+  CHECK(recent[0].user_agent == "curl/8");
+  CHECK(recent[1].count == 2);
+  CHECK(recent[1].first_ms == 1100);
+  CHECK(s->query_unfenced("", 1400, 100, &st).size() == 1);
+  CHECK(s->query_unfenced("nobody", 0, 100, &st).empty());
+  CHECK(st.ok());
+
+  // The limit is clamped to 1..1000.
+  CHECK(s->query_unfenced("", 0, 2, &st).size() == 2);
+  CHECK(s->query_unfenced("", 0, 0, &st).size() == 1);
+  CHECK(s->query_unfenced("", 0, -3, nullptr).size() == 1);
+  CHECK(s->query_unfenced("", 0, 1'000'000, &st).size() == 4);
+
+  // And a read-only store answers the same.
+  std::string err;
+  auto ro = Store::open_readonly(t.db(), &err);
+  INFO(err);
+  REQUIRE(ro != nullptr);
+  auto rg = ro->query_unfenced("", 0, 100, &st);
+  CHECK(st.ok());
+  REQUIRE(rg.size() == 4);
+  CHECK(rg[2].count == 4);
+}
+
+namespace {
+
+// Oldest and newest audit ids (0, 0 if empty), cheaply: a row or two each.
+std::pair<std::int64_t, std::int64_t> id_span(Store& s) {
+  Status st = Status::OK();
+  auto newest = s.query_audit(Q().lim(1), &st);
+  REQUIRE(st.ok());
+  if (newest.empty()) return {0, 0};
+  AuditQuery one;  // id 1, if it still exists
+  one.before_id = 2;
+  one.limit = 1;
+  auto first = s.query_audit(one, &st);
+  REQUIRE(st.ok());
+  if (!first.empty()) return {first[0].id, newest[0].id};
+  auto after1 = s.query_audit(Q().after(1).lim(1), &st);  // else the oldest id above 1
+  REQUIRE(st.ok());
+  REQUIRE(!after1.empty());
+  return {after1[0].id, newest[0].id};
+}
+
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+}  // namespace
+
+TEST_CASE("retention: max_rows keeps the newest rows, pruned in the background") {
+  TempDir t;
+  auto s = must_open(t.db());
+  for (int i = 0; i < 1200; ++i) s->append_audit(row("r", "rejected_stale"), {});
+  REQUIRE(audit_sync(*s, row("r", "rejected_stale")).ok());
+  const auto [lo0, hi0] = id_span(*s);
+  CHECK(hi0 - lo0 + 1 == 1201);
+
+  s->set_retention(0, 100);
+  REQUIRE(eventually([&] { return all_audit(*s).size() == 100; }));
+  auto kept = all_audit(*s);
+  CHECK(kept.front().id == hi0);  // the newest 100 survive
+  CHECK(kept.back().id == hi0 - 99);
+
+  // New rows push the oldest out again, after commits, without another set_retention.
+  for (int i = 0; i < 50; ++i) s->append_audit(row("r", "more"), {});
+  REQUIRE(audit_sync(*s, row("r", "more")).ok());
+  REQUIRE(eventually([&] { return all_audit(*s).size() == 100; }));
+  CHECK(all_audit(*s, Q().dec("more")).size() == 51);
+
+  // 0 = unlimited: nothing more is deleted.
+  s->set_retention(0, 0);
+  for (int i = 0; i < 30; ++i) s->append_audit(row("r", "kept"), {});
+  REQUIRE(audit_sync(*s, row("r", "kept")).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  CHECK(all_audit(*s).size() == 131);
+
+  // Limits survive a reopen only as configuration does: a fresh store starts unlimited, and the row
+  // count is recounted from the table when a limit is set.
+  s.reset();
+  s = must_open(t.db());
+  CHECK(all_audit(*s).size() == 131);
+  s->set_retention(0, 10);
+  REQUIRE(eventually([&] { return all_audit(*s).size() == 10; }));
+  CHECK(all_audit(*s).front().row.decision == "kept");
+}
+
+TEST_CASE("retention: max_age deletes old rows, also when idle") {
+  TempDir t;
+  auto s = must_open(t.db());
+  const std::int64_t now = wall_ms();
+  for (int i = 0; i < 40; ++i) s->append_audit(row("r", "ancient", "", 1000 + i), {});
+  for (int i = 0; i < 5; ++i) s->append_audit(row("r", "soon_old", "", now - 60'000 + 700), {});
+  REQUIRE(audit_sync(*s, row("r", "fresh")).ok());  // time_ms = now
+
+  s->set_retention(60'000, 0);
+  REQUIRE(eventually([&] { return all_audit(*s, Q().dec("ancient")).empty(); }));
+  CHECK(all_audit(*s, Q().dec("fresh")).size() == 1);
+  // The "soon_old" rows cross the line ~0.7 s from now with no further writes: the idle pass
+  // (about every second) removes them.
+  CHECK(all_audit(*s, Q().dec("soon_old")).size() == 5);
+  REQUIRE(eventually([&] { return all_audit(*s, Q().dec("soon_old")).empty(); }, std::chrono::seconds(5)));
+  CHECK(all_audit(*s).size() == 1);
+
+  // Age and row limits together.
+  s->set_retention(60'000, 3);
+  for (int i = 0; i < 6; ++i) s->append_audit(row("r", "new"), {});
+  s->append_audit(row("r", "ancient", "", 5), {});
+  REQUIRE(audit_sync(*s, row("r", "new")).ok());
+  REQUIRE(eventually([&] { return all_audit(*s).size() == 3; }));
+  for (const auto& r : all_audit(*s)) CHECK(r.row.decision == "new");
+}
+
+TEST_CASE("retention: a big prune runs in chunks and a queued advance does not wait for all of it") {
+  TempDir t;
+  auto s = must_open(t.db());
+  constexpr int kRows = 12 * Store::kPruneChunkRows;
+  for (int i = 0; i < kRows; ++i) s->append_audit(row("r", "bulk"), {});
+  REQUIRE(audit_sync(*s, row("r", "bulk")).ok());
+  auto [lo, hi] = id_span(*s);
+  REQUIRE(hi - lo + 1 == kRows + 1);
+
+  s->set_retention(0, 10);
+  // Wait until the first chunk is gone, then advance while the rest is still being deleted.
+  REQUIRE(eventually([&] { return id_span(*s).first > lo; }));
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(advance_sync(*s, "fast", 1, "L").ok());
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  const auto [lo1, hi1] = id_span(*s);
+  MESSAGE("advance during prune took " << std::chrono::duration<double, std::milli>(waited).count()
+                                       << " ms; " << (hi1 - lo1 + 1) << " rows left then");
+  CHECK(hi1 - lo1 + 1 > 10);  // the prune was not finished: the advance went between chunks
+  CHECK(hi1 - lo1 + 1 < kRows);
+  REQUIRE(eventually([&] { return id_span(*s).first == hi - 9; }, std::chrono::seconds(60)));
+  CHECK(by_name(s->load_all())["fast"].generation == 1);
+}
+
+TEST_CASE("commit observer: one call per batch with its size, duration and outcome") {
+  TempDir t;
+  auto s = must_open(t.db());
+  struct Call {
+    double seconds;
+    std::size_t items;
+    bool ok;
+  };
+  std::mutex mu;
+  std::vector<Call> calls;
+  std::thread::id observer_thread;
+  s->set_commit_observer([&](double seconds, std::size_t items, bool ok) {
+    std::lock_guard lk(mu);
+    calls.push_back({seconds, items, ok});
+    observer_thread = std::this_thread::get_id();
+  });
+  auto snapshot = [&] {
+    std::lock_guard lk(mu);
+    return calls;
+  };
+
+  // Called before the batch's completions: visible as soon as advance_sync returns.
+  REQUIRE(advance_sync(*s, "r", 1, "L").ok());
+  auto c = snapshot();
+  REQUIRE(c.size() == 1);
+  CHECK(c[0].items == 1);
+  CHECK(c[0].ok);
+  CHECK(c[0].seconds >= 0.0);
+  CHECK(c[0].seconds < 10.0);
+  {
+    std::lock_guard lk(mu);
+    CHECK(observer_thread != std::this_thread::get_id());  // the store thread
+  }
+
+  // A group of items queued behind a held completion arrives as one batch.
+  std::promise<void> entered, gate;
+  auto gate_f = gate.get_future().share();
+  s->advance("gate", 1, "", [&](Status) {
+    entered.set_value();
+    gate_f.wait();
+  });
+  entered.get_future().wait();
+  for (int i = 0; i < 9; ++i) s->append_audit(row("r", "x"), {});
+  std::promise<Status> last;
+  s->append_audit(row("r", "x"), [&](Status st) { last.set_value(st); });
+  gate.set_value();
+  REQUIRE(last.get_future().get().ok());
+  c = snapshot();
+  REQUIRE(c.size() == 3);
+  CHECK(c[1].items == 1);
+  CHECK(c[2].items == 10);
+  CHECK(c[2].ok);
+
+  s->inject_commit_failure(true);
+  CHECK_FALSE(advance_sync(*s, "r", 2, "L").ok());
+  s->inject_commit_failure(false);
+  c = snapshot();
+  REQUIRE(c.size() == 4);
+  CHECK_FALSE(c[3].ok);
+  CHECK(c[3].items == 1);
+
+  // A throwing observer does not hurt the store; an empty one removes it.
+  s->set_commit_observer([](double, std::size_t, bool) { throw std::runtime_error("observer"); });
+  CHECK(advance_sync(*s, "r", 3, "L").ok());
+  s->set_commit_observer({});
+  CHECK(advance_sync(*s, "r", 4, "L").ok());
+  CHECK(snapshot().size() == 4);
+  CHECK(by_name(s->load_all())["r"].generation == 4);
+
+  // Read-only stores accept both setters and do nothing.
+  std::string err;
+  auto ro = Store::open_readonly(t.db(), &err);
+  REQUIRE(ro != nullptr);
+  ro->set_commit_observer([](double, std::size_t, bool) {});
+  ro->set_retention(1, 1);
+  CHECK(all_audit(*ro).size() == 10);
 }
 
 // ---- kill -9 ----
