@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "proxy/audit_cli.h"
 #include "proxy/server.h"
 
 namespace fencegate::proxy {
@@ -17,6 +18,7 @@ constexpr const char* kUsage =
     "\n"
     "Usage:\n"
     "  fencegate serve [flags]     run the fenced reverse proxy (see `fencegate serve --help`)\n"
+    "  fencegate audit --db PATH   print the audit log of refused writes (see `fencegate audit --help`)\n"
     "  fencegate version           print the version\n"
     "  fencegate --help            this text\n"
     "\n"
@@ -44,6 +46,7 @@ int run_cli(int argc, char** argv) {
     std::puts("fencegate 0.1.0");
     return 0;
   }
+  if (cmd == "audit") return run_audit_cli(std::vector<std::string>(args.begin() + 1, args.end()));
   if (cmd == "serve") {
     std::vector<std::string> rest(args.begin() + 1, args.end());
     config::LoadResult r = config::load_serve(rest);

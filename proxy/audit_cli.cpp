@@ -1,0 +1,664 @@
+// `fencegate audit`: flag parsing, time parsing (RFC 3339 and relative ages), table and JSON-lines
+// output, and --follow polling. Reads through Store::open_readonly: no lock, no writes.
+#include "proxy/audit_cli.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <csignal>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "fence_store/store.h"
+
+namespace fencegate::proxy {
+namespace {
+
+using store::AuditQuery;
+using store::AuditRecord;
+using store::Status;
+using store::Store;
+
+constexpr int kExitOk = 0, kExitRuntime = 1, kExitUsage = 2;
+constexpr int kDefaultLimit = 50;
+constexpr int kMaxLimit = 1'000'000;  // fetched in pages of kPage
+constexpr int kPage = 1000;           // the store's largest page
+constexpr std::chrono::milliseconds kPollInterval{250};
+constexpr std::size_t kMaxCell = 64;  // table cells longer than this are cut ("..."); --json is whole
+
+constexpr std::array<std::string_view, 6> kDecisions = {
+    "rejected_stale",     "rejected_missing",     "rejected_malformed",
+    "would_reject_stale", "would_reject_missing", "would_reject_malformed"};
+
+constexpr const char* kUsage =
+    "Usage: fencegate audit --db PATH [flags]\n"
+    "\n"
+    "Prints the audit log of a fencegate database: every write the fence refused (enforce mode)\n"
+    "or would have refused (observe mode). Opens the database read-only, so it works while the\n"
+    "sidecar runs and never blocks it.\n"
+    "\n"
+    "Flags (\"--flag value\" or \"--flag=value\"):\n"
+    "  --db PATH          the database file (required)\n"
+    "  --resource R       only this resource\n"
+    "  --decision D       only this decision: rejected_stale, rejected_missing, rejected_malformed,\n"
+    "                     would_reject_stale, would_reject_missing, would_reject_malformed\n"
+    "  --leader L         only rows whose Fencing-Leader header was L\n"
+    "  --since T          only rows at or after T\n"
+    "  --until T          only rows before T\n"
+    "  --limit N          at most N rows, the newest (default 50)\n"
+    "  --json             one JSON object per line instead of a table; keys: id, time, resource,\n"
+    "                     decision, presented_generation, current_generation, method, target,\n"
+    "                     client, leader, mode\n"
+    "  --follow           print the newest --limit matching rows OLDEST FIRST, then keep printing\n"
+    "                     new matching rows as they are committed (polled every 250 ms) until\n"
+    "                     interrupted (SIGINT/SIGTERM, exit 0)\n"
+    "  --help             this text\n"
+    "\n"
+    "Times T are RFC 3339 (2026-11-29T10:00:00Z, 2026-11-29T12:00:00.250+02:00) or an age before\n"
+    "now: -90s, -30m, -1h, -7d. Without --follow rows print newest first. In the table, times are\n"
+    "UTC with milliseconds, \"-\" means empty (a presented generation of \"-\" means none or\n"
+    "malformed), and cells longer than 64 characters are cut; --json prints them whole.\n"
+    "\n"
+    "Examples:\n"
+    "  fencegate audit --db ./fence.db --since -1h\n"
+    "  fencegate audit --db ./fence.db --resource orders --decision rejected_stale --json\n"
+    "  fencegate audit --db ./fence.db --follow\n"
+    "\n"
+    "Exit codes: 0 success (also when nothing matches: a note goes to stderr in table mode,\n"
+    "nothing at all with --json), 1 the database cannot be opened or read, 2 bad flags.\n";
+
+// ---- Times ----
+
+std::int64_t now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil).
+std::int64_t days_from_civil(std::int64_t y, unsigned m, unsigned d) {
+  y -= m <= 2;
+  const std::int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const auto yoe = static_cast<unsigned>(y - era * 400);
+  const unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + static_cast<std::int64_t>(doe) - 719468;
+}
+
+bool leap(int y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
+
+int days_in_month(int y, int m) {
+  static constexpr int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  return m == 2 && leap(y) ? 29 : kDays[m - 1];
+}
+
+// Reads exactly n digits at s[*i]. Returns false if they are not there.
+bool digits(std::string_view s, std::size_t* i, std::size_t n, int* out) {
+  if (*i + n > s.size()) return false;
+  int v = 0;
+  for (std::size_t k = 0; k < n; ++k) {
+    char c = s[*i + k];
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *i += n;
+  *out = v;
+  return true;
+}
+
+bool expect(std::string_view s, std::size_t* i, char a, char b = 0) {
+  if (*i >= s.size() || (s[*i] != a && (b == 0 || s[*i] != b))) return false;
+  ++*i;
+  return true;
+}
+
+// RFC 3339 date-time: YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM). "t"/"z" and a space for
+// "T" are accepted (RFC 3339 section 5.6 notes). Fractions beyond milliseconds are truncated.
+std::optional<std::int64_t> parse_rfc3339(std::string_view s) {
+  std::size_t i = 0;
+  int Y = 0, M = 0, D = 0, h = 0, m = 0, sec = 0;
+  if (!digits(s, &i, 4, &Y) || !expect(s, &i, '-') || !digits(s, &i, 2, &M) || !expect(s, &i, '-') ||
+      !digits(s, &i, 2, &D))
+    return std::nullopt;
+  if (!expect(s, &i, 'T', 't') && !expect(s, &i, ' ')) return std::nullopt;
+  if (!digits(s, &i, 2, &h) || !expect(s, &i, ':') || !digits(s, &i, 2, &m) || !expect(s, &i, ':') ||
+      !digits(s, &i, 2, &sec))
+    return std::nullopt;
+  int ms = 0;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    std::size_t start = i;
+    int scale = 100;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+      ms += (s[i] - '0') * scale;
+      scale /= 10;
+      ++i;
+    }
+    if (i == start) return std::nullopt;
+  }
+  int offset_min = 0;
+  if (expect(s, &i, 'Z', 'z')) {
+  } else if (i < s.size() && (s[i] == '+' || s[i] == '-')) {
+    const int sign = s[i] == '-' ? -1 : 1;
+    ++i;
+    int oh, om;
+    if (!digits(s, &i, 2, &oh) || !expect(s, &i, ':') || !digits(s, &i, 2, &om) || oh > 23 || om > 59)
+      return std::nullopt;
+    offset_min = sign * (oh * 60 + om);
+  } else {
+    return std::nullopt;
+  }
+  if (i != s.size()) return std::nullopt;
+  if (M < 1 || M > 12 || D < 1 || D > days_in_month(Y, M) || h > 23 || m > 59 || sec > 60) return std::nullopt;
+  const std::int64_t days = days_from_civil(Y, static_cast<unsigned>(M), static_cast<unsigned>(D));
+  const std::int64_t secs = days * 86400 + h * 3600 + m * 60 + sec - offset_min * 60;
+  return secs * 1000 + ms;
+}
+
+// -90s, -30m, -1h, -7d: that long before `now`.
+std::optional<std::int64_t> parse_relative(std::string_view s, std::int64_t now) {
+  if (s.size() < 3 || s[0] != '-') return std::nullopt;
+  std::int64_t unit;
+  switch (s.back()) {
+    case 's': unit = 1000; break;
+    case 'm': unit = 60'000; break;
+    case 'h': unit = 3'600'000; break;
+    case 'd': unit = 86'400'000; break;
+    default: return std::nullopt;
+  }
+  std::int64_t n = 0;
+  for (char c : s.substr(1, s.size() - 2)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    if (n > 1'000'000'000) return std::nullopt;  // > 30 years in seconds: nonsense
+    n = n * 10 + (c - '0');
+  }
+  return now - n * unit;
+}
+
+// Parses --since/--until. Returns false with *why set.
+bool parse_time(std::string_view s, std::int64_t now, std::int64_t* out, std::string* why) {
+  std::optional<std::int64_t> t = s.size() > 0 && s[0] == '-' ? parse_relative(s, now) : parse_rfc3339(s);
+  if (!t) {
+    *why = "not a time; use RFC 3339 (2026-11-29T10:00:00Z, 2026-11-29T12:00:00.5+02:00) or an age "
+           "before now (-90s, -30m, -1h, -7d)";
+    return false;
+  }
+  if (*t <= 0) {
+    *why = "is not after 1970-01-01T00:00:00Z";
+    return false;
+  }
+  *out = *t;
+  return true;
+}
+
+// 2026-11-29T10:00:00.123Z
+std::string format_time(std::int64_t ms) {
+  std::int64_t secs = ms / 1000, rem = ms % 1000;
+  if (rem < 0) {
+    rem += 1000;
+    secs -= 1;
+  }
+  const std::time_t tt = static_cast<std::time_t>(secs);
+  std::tm tm{};
+  if (!::gmtime_r(&tt, &tm)) return std::to_string(ms) + "ms";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(rem));
+  return buf;
+}
+
+// ---- Text: UTF-8 aware escaping for the terminal and for JSON ----
+
+// Decodes one UTF-8 sequence at s[*i] and advances. Returns the code point, or -1 for an invalid
+// byte (consumed alone).
+std::int32_t next_code_point(std::string_view s, std::size_t* i) {
+  const auto b0 = static_cast<unsigned char>(s[*i]);
+  if (b0 < 0x80) {
+    ++*i;
+    return b0;
+  }
+  int len;
+  std::int32_t cp, min;
+  if ((b0 & 0xE0) == 0xC0) {
+    len = 2, cp = b0 & 0x1F, min = 0x80;
+  } else if ((b0 & 0xF0) == 0xE0) {
+    len = 3, cp = b0 & 0x0F, min = 0x800;
+  } else if ((b0 & 0xF8) == 0xF0) {
+    len = 4, cp = b0 & 0x07, min = 0x10000;
+  } else {
+    ++*i;
+    return -1;
+  }
+  if (*i + static_cast<std::size_t>(len) > s.size()) {
+    ++*i;
+    return -1;
+  }
+  for (int k = 1; k < len; ++k) {
+    const auto b = static_cast<unsigned char>(s[*i + static_cast<std::size_t>(k)]);
+    if ((b & 0xC0) != 0x80) {
+      ++*i;
+      return -1;
+    }
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+    ++*i;
+    return -1;
+  }
+  *i += static_cast<std::size_t>(len);
+  return cp;
+}
+
+bool is_control(std::int32_t cp) { return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F); }
+
+// For the table: control characters (C0, DEL, C1) and invalid bytes become \xNN / \u{NN} so a
+// hostile request target cannot drive the operator's terminal; "" becomes "-".
+std::string sanitize(std::string_view s) {
+  if (s.empty()) return "-";
+  std::string out;
+  out.reserve(s.size());
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t start = i;
+    const std::int32_t cp = next_code_point(s, &i);
+    char buf[16];
+    if (cp < 0) {
+      std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(s[start]));
+      out += buf;
+    } else if (is_control(cp)) {
+      std::snprintf(buf, sizeof buf, cp < 0x80 ? "\\x%02x" : "\\u{%02x}", static_cast<unsigned>(cp));
+      out += buf;
+    } else {
+      out.append(s.substr(start, i - start));
+    }
+  }
+  return out;
+}
+
+// Display width, approximated as code points (every cell is sanitized first).
+std::size_t width(std::string_view s) {
+  std::size_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+std::string cut(std::string s) {
+  if (width(s) <= kMaxCell) return s;
+  std::size_t cps = 0, i = 0;
+  while (i < s.size() && cps < kMaxCell - 3) {
+    ++i;
+    while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
+    ++cps;
+  }
+  s.resize(i);
+  return s + "...";
+}
+
+// A JSON string: valid UTF-8 passes through, control characters are \u-escaped, invalid bytes
+// become U+FFFD (the audit log stores request bytes as they came).
+void json_string(std::string* out, std::string_view s) {
+  *out += '"';
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t start = i;
+    const std::int32_t cp = next_code_point(s, &i);
+    switch (cp) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      default:
+        if (cp < 0) {
+          *out += "\\ufffd";
+        } else if (is_control(cp)) {
+          char buf[16];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(cp));
+          *out += buf;
+        } else {
+          out->append(s.substr(start, i - start));
+        }
+    }
+  }
+  *out += '"';
+}
+
+// ---- Output ----
+
+struct Options {
+  std::string db;
+  AuditQuery query;  // filters; limit/cursors are set per page
+  int limit = kDefaultLimit;
+  bool json = false;
+  bool follow = false;
+};
+
+constexpr std::size_t kColumns = 10;
+constexpr std::array<const char*, kColumns> kHeaders = {"TIME",   "RESOURCE", "DECISION", "PRESENTED", "CURRENT",
+                                                        "METHOD", "TARGET",   "CLIENT",   "LEADER",    "MODE"};
+
+std::array<std::string, kColumns> cells(const AuditRecord& rec) {
+  const auto& r = rec.row;
+  return {format_time(r.time_ms),
+          cut(sanitize(r.resource)),
+          cut(sanitize(r.decision)),
+          r.presented_generation == 0 ? std::string("-") : std::to_string(r.presented_generation),
+          std::to_string(r.current_generation),
+          cut(sanitize(r.method)),
+          cut(sanitize(r.target)),
+          cut(sanitize(r.client)),
+          cut(sanitize(r.leader)),
+          cut(sanitize(r.mode))};
+}
+
+class Printer {
+ public:
+  explicit Printer(bool json) : json_(json) {
+    for (std::size_t c = 0; c < kColumns; ++c) widths_[c] = std::strlen(kHeaders[c]);
+  }
+
+  // Widens the table's columns to fit `recs` (call before the header).
+  void fit(const std::vector<AuditRecord>& recs) {
+    if (json_) return;
+    for (const auto& rec : recs) {
+      auto cs = cells(rec);
+      for (std::size_t c = 0; c < kColumns; ++c) widths_[c] = std::max(widths_[c], width(cs[c]));
+    }
+  }
+
+  void header() {
+    if (json_) return;
+    std::array<std::string, kColumns> hs;
+    for (std::size_t c = 0; c < kColumns; ++c) hs[c] = kHeaders[c];
+    line(hs);
+  }
+
+  void row(const AuditRecord& rec) {
+    if (!json_) {
+      line(cells(rec));
+      return;
+    }
+    const auto& r = rec.row;
+    buf_ += "{\"id\":" + std::to_string(rec.id) + ",\"time\":";
+    json_string(&buf_, format_time(r.time_ms));
+    buf_ += ",\"resource\":";
+    json_string(&buf_, r.resource);
+    buf_ += ",\"decision\":";
+    json_string(&buf_, r.decision);
+    buf_ += ",\"presented_generation\":" + std::to_string(r.presented_generation);
+    buf_ += ",\"current_generation\":" + std::to_string(r.current_generation);
+    buf_ += ",\"method\":";
+    json_string(&buf_, r.method);
+    buf_ += ",\"target\":";
+    json_string(&buf_, r.target);
+    buf_ += ",\"client\":";
+    json_string(&buf_, r.client);
+    buf_ += ",\"leader\":";
+    json_string(&buf_, r.leader);
+    buf_ += ",\"mode\":";
+    json_string(&buf_, r.mode);
+    buf_ += "}\n";
+  }
+
+  // Writes what was printed. Returns false if stdout is gone (e.g. a closed pipe).
+  bool flush() {
+    bool ok = buf_.empty() || std::fwrite(buf_.data(), 1, buf_.size(), stdout) == buf_.size();
+    buf_.clear();
+    return std::fflush(stdout) == 0 && ok;
+  }
+
+ private:
+  void line(const std::array<std::string, kColumns>& cs) {
+    for (std::size_t c = 0; c < kColumns; ++c) {
+      buf_ += cs[c];
+      if (c + 1 < kColumns) buf_.append(widths_[c] > width(cs[c]) ? widths_[c] - width(cs[c]) + 2 : 2, ' ');
+    }
+    buf_ += '\n';
+  }
+
+  const bool json_;
+  std::array<std::size_t, kColumns> widths_{};
+  std::string buf_;
+};
+
+// ---- Flags ----
+
+// Returns kExitOk with *opts filled, kExitUsage after printing why, or -1 for --help (printed).
+int parse_args(const std::vector<std::string>& args, Options* opts) {
+  auto usage_error = [](const std::string& msg) {
+    std::fprintf(stderr, "fencegate audit: %s\nRun `fencegate audit --help` for the flags.\n", msg.c_str());
+    return kExitUsage;
+  };
+  std::optional<std::string> since, until, limit;
+  bool have_db = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return -1;
+    }
+    if (a.rfind("--", 0) != 0 || a.size() == 2)
+      return usage_error("unexpected argument \"" + a + "\" (flags start with --)");
+    const std::size_t eq = a.find('=');
+    const std::string name = a.substr(0, eq);
+    if (name == "--json" || name == "--follow") {
+      if (eq != std::string::npos) return usage_error(name + " takes no value");
+      (name == "--json" ? opts->json : opts->follow) = true;
+      continue;
+    }
+    std::string* target = nullptr;
+    std::optional<std::string>* opt_target = nullptr;
+    if (name == "--db") target = &opts->db;
+    else if (name == "--resource") target = &opts->query.resource;
+    else if (name == "--decision") target = &opts->query.decision;
+    else if (name == "--leader") target = &opts->query.leader;
+    else if (name == "--since") opt_target = &since;
+    else if (name == "--until") opt_target = &until;
+    else if (name == "--limit") opt_target = &limit;
+    else return usage_error("unknown flag " + name);
+    std::string value;
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];  // may start with '-': "--since -1h"
+    } else {
+      return usage_error(name + " needs a value");
+    }
+    if (value.empty()) return usage_error(name + " needs a value (got an empty one)");
+    if (target) *target = value;
+    else *opt_target = value;
+    if (name == "--db") have_db = true;
+  }
+  if (!have_db) return usage_error("--db is required (the fencegate database file to read)");
+  if (const auto& d = opts->query.decision;
+      !d.empty() && std::find(kDecisions.begin(), kDecisions.end(), d) == kDecisions.end()) {
+    std::string known;
+    for (auto k : kDecisions) known += (known.empty() ? "" : ", ") + std::string(k);
+    return usage_error("--decision \"" + d + "\": unknown decision; one of " + known);
+  }
+  const std::int64_t now = now_ms();
+  std::string why;
+  if (since && !parse_time(*since, now, &opts->query.since_ms, &why))
+    return usage_error("--since \"" + *since + "\": " + why);
+  if (until && !parse_time(*until, now, &opts->query.until_ms, &why))
+    return usage_error("--until \"" + *until + "\": " + why);
+  if (since && until && opts->query.since_ms >= opts->query.until_ms)
+    return usage_error("--since " + format_time(opts->query.since_ms) + " is not before --until " +
+                       format_time(opts->query.until_ms) + ": nothing could match");
+  if (limit) {
+    long long n = 0;
+    auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+    const bool ok = limit->size() <= 9 && std::all_of(limit->begin(), limit->end(), is_digit);
+    if (ok) n = std::stoll(*limit);
+    if (!ok || n < 1 || n > kMaxLimit)
+      return usage_error("--limit \"" + *limit + "\": not a whole number from 1 to " +
+                         std::to_string(kMaxLimit));
+    opts->limit = static_cast<int>(n);
+  }
+  return kExitOk;
+}
+
+// ---- Queries ----
+
+// Matching rows with id < before_id (0 = newest), newest first, up to `limit`, paging the store.
+bool fetch_newest(Store& s, const Options& o, std::int64_t before_id, int limit, std::vector<AuditRecord>* out,
+                  std::string* err) {
+  AuditQuery q = o.query;
+  q.before_id = before_id;
+  while (static_cast<int>(out->size()) < limit) {
+    q.limit = std::min(kPage, limit - static_cast<int>(out->size()));
+    Status st = Status::OK();
+    auto page = s.query_audit(q, &st);
+    if (!st.ok()) {
+      *err = st.message();
+      return false;
+    }
+    out->insert(out->end(), page.begin(), page.end());
+    if (static_cast<int>(page.size()) < q.limit) break;
+    q.before_id = page.back().id;
+  }
+  return true;
+}
+
+// The newest id in the audit table (any row), 0 if it is empty.
+bool newest_id(Store& s, std::int64_t* id, std::string* err) {
+  AuditQuery q;
+  q.limit = 1;
+  Status st = Status::OK();
+  auto page = s.query_audit(q, &st);
+  if (!st.ok()) {
+    *err = st.message();
+    return false;
+  }
+  *id = page.empty() ? 0 : page[0].id;
+  return true;
+}
+
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_stop_signal(int) { g_stop = 1; }
+
+// Installs SIGINT/SIGTERM handlers (no SA_RESTART) and restores the old ones at destruction.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// Sleeps up to `d`, returning early once a stop signal arrived.
+void nap(std::chrono::milliseconds d) {
+  const auto until = std::chrono::steady_clock::now() + d;
+  while (!g_stop && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(d, std::chrono::milliseconds(25)));
+}
+
+int fail_runtime(const std::string& msg) {
+  std::fprintf(stderr, "fencegate audit: %s\n", msg.c_str());
+  return kExitRuntime;
+}
+
+// The backlog (oldest first), then every new matching row as it is committed.
+int follow(Store& s, const Options& o) {
+  StopSignals signals;
+  std::string err;
+  // Rows up to `cursor` are handled; later ones are new. Taken before the backlog query so a row
+  // committed in between is printed exactly once.
+  std::int64_t cursor = 0;
+  if (!newest_id(s, &cursor, &err)) return fail_runtime(err);
+  std::vector<AuditRecord> backlog;
+  if (cursor > 0 && !fetch_newest(s, o, cursor + 1, o.limit, &backlog, &err)) return fail_runtime(err);
+  std::reverse(backlog.begin(), backlog.end());
+
+  Printer out(o.json);
+  out.fit(backlog);
+  out.header();
+  for (const auto& r : backlog) out.row(r);
+  if (!out.flush()) return kExitOk;  // nobody is reading any more
+  if (backlog.empty() && !o.json)
+    std::fputs("fencegate audit: no matching audit rows yet; following\n", stderr);
+
+  while (!g_stop) {
+    nap(kPollInterval);
+    if (g_stop) break;
+    std::vector<AuditRecord> fresh;
+    if (cursor == 0) {
+      // after_id needs a row to start from: on an empty table, take everything there is now.
+      std::int64_t head = 0;
+      if (!newest_id(s, &head, &err)) return fail_runtime(err);
+      if (head == 0) continue;
+      if (!fetch_newest(s, o, head + 1, std::numeric_limits<int>::max(), &fresh, &err))
+        return fail_runtime(err);
+      std::reverse(fresh.begin(), fresh.end());
+      cursor = head;
+    } else {
+      AuditQuery q = o.query;
+      q.limit = kPage;
+      for (;;) {
+        q.after_id = cursor;
+        Status st = Status::OK();
+        auto page = s.query_audit(q, &st);
+        if (!st.ok()) return fail_runtime(st.message());
+        if (page.empty()) break;
+        cursor = page.back().id;
+        fresh.insert(fresh.end(), page.begin(), page.end());
+        if (static_cast<int>(page.size()) < kPage) break;
+      }
+    }
+    for (const auto& r : fresh) out.row(r);
+    if (!out.flush()) return kExitOk;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_audit_cli(const std::vector<std::string>& args) {
+  Options o;
+  if (int rc = parse_args(args, &o); rc != kExitOk) return rc < 0 ? kExitOk : rc;
+
+  std::string err;
+  std::unique_ptr<Store> s = Store::open_readonly(o.db, &err);
+  if (!s) return fail_runtime(err.empty() ? "cannot open database " + o.db : err);
+
+  if (o.follow) return follow(*s, o);
+
+  std::vector<AuditRecord> rows;
+  if (!fetch_newest(*s, o, 0, o.limit, &rows, &err)) return fail_runtime("reading " + o.db + ": " + err);
+  if (rows.empty()) {
+    if (!o.json) std::fprintf(stderr, "fencegate audit: no matching audit rows in %s\n", o.db.c_str());
+    return kExitOk;
+  }
+  Printer out(o.json);
+  out.fit(rows);
+  out.header();
+  for (const auto& r : rows) out.row(r);
+  out.flush();
+  return kExitOk;
+}
+
+}  // namespace fencegate::proxy
