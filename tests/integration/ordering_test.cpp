@@ -113,10 +113,13 @@ TEST_CASE("ordering: many concurrent writers, slow upstream: generations ordered
 
   // 3. Ordered by arrival, generations never decrease.
   std::sort(reqs.begin(), reqs.end(), [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
-  for (std::size_t i = 1; i < reqs.size(); ++i) {
-    INFO("previous: ", show(reqs[i - 1], t0), "\nthis:     ", show(reqs[i], t0));
-    CHECK(*reqs[i - 1].fencing_token() <= *reqs[i].fencing_token());
-  }
+  int decreases = 0;
+  for (std::size_t i = 1; i < reqs.size(); ++i)
+    if (*reqs[i - 1].fencing_token() > *reqs[i].fencing_token() && ++decreases <= 5) {
+      INFO("previous: ", show(reqs[i - 1], t0), "\nthis:     ", show(reqs[i], t0));
+      CHECK_MESSAGE(false, "the generation decreased in upstream arrival order");
+    }
+  CHECK(decreases == 0);
   // 4. A lower generation's exchange is over before a higher generation's starts.
   int overlaps = 0;
   for (const auto& a : reqs)
