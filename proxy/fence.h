@@ -83,7 +83,8 @@ struct FenceStats {
 
 class Fence {
  public:
-  // REQUIRES: store outlives the Fence.
+  // REQUIRES: `store` is valid while the Fence is used. At shutdown destroy the store first (its
+  // destructor runs pending completions, which call back into the Fence), then the Fence.
   Fence(store::Store& store, std::chrono::milliseconds drain_timeout, std::size_t max_resources);
   ~Fence();
   Fence(const Fence&) = delete;

@@ -46,7 +46,8 @@ struct HeadScan {
 HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, RequestHead* out);
 
 // Returns true iff `data` cannot become a valid head by receiving more bytes, judging only the
-// bytes from `from` on (cheap incremental check: a bare LF, NUL or a request line too long).
+// bytes from `from` on (cheap incremental check: a bare CR or LF, or a NUL; size limits are
+// scan_request_head's).
 bool head_prefix_hopeless(std::string_view data, std::size_t from);
 
 struct Framing {

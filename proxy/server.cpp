@@ -584,6 +584,9 @@ awaitable<bool> Session::handle(std::size_t head_len) {
           }
           break;
         case Verdict::stale: {
+          // The rejection names the generation that superseded it, in the header as in the body
+          // (it may still be committing; the write is refused either way).
+          marks.generation = d.newest;
           store::Status st = co_await audit_sync(audit_row("rejected_stale", d.newest));
           note(st.ok() ? Outcome::rejected_stale : Outcome::store_error, d.newest);
           if (!st.ok())
