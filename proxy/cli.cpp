@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "election_client/cli.h"
 #include "proxy/audit_cli.h"
 #include "proxy/server.h"
 
@@ -19,6 +20,11 @@ constexpr const char* kUsage =
     "Usage:\n"
     "  fencegate serve [flags]     run the fenced reverse proxy (see `fencegate serve --help`)\n"
     "  fencegate audit --db PATH   print the audit log of refused writes (see `fencegate audit --help`)\n"
+    "  fencegate elect --etcd URLS --election NAME -- CMD...\n"
+    "                              run CMD only while elected in etcd, with its fencing token\n"
+    "                              (see `fencegate elect --help`)\n"
+    "  fencegate leader --etcd URLS --election NAME\n"
+    "                              print an election's leader and token (see `fencegate leader --help`)\n"
     "  fencegate version           print the version\n"
     "  fencegate --help            this text\n"
     "\n"
@@ -47,6 +53,8 @@ int run_cli(int argc, char** argv) {
     return 0;
   }
   if (cmd == "audit") return run_audit_cli(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (cmd == "elect") return election::run_elect(std::vector<std::string>(args.begin() + 1, args.end()));
+  if (cmd == "leader") return election::run_leader(std::vector<std::string>(args.begin() + 1, args.end()));
   if (cmd == "serve") {
     std::vector<std::string> rest(args.begin() + 1, args.end());
     config::LoadResult r = config::load_serve(rest);

@@ -1,0 +1,681 @@
+// `fencegate elect` and `fencegate leader`.
+//
+// elect runs one *term* per loop iteration:
+//   lease (LeaseKeeper) -> campaign (blocks) -> check we are the leader -> activation barrier
+//   (POST the token to every --fence, each must answer 200) -> run the command -> supervise.
+// The main thread never blocks for long: slow steps (campaign, fence POSTs) run on a helper
+// thread while the main thread waits in sigtimedwait() in 50 ms slices, checking
+// LeaseKeeper::valid() -- which reads CLOCK_MONOTONIC itself, so after a SIGSTOP/SIGCONT the
+// expired deadline is seen on the first slice, whatever the keeper thread is doing.
+//
+// Before the command has started, losing the lease (or a failed campaign) costs nothing: elect
+// gives the lease up and campaigns again. Once the command runs, losing authority stops it
+// (SIGTERM to its process group, SIGKILL after --grace-ms) and exits 75, or with --recampaign
+// starts a new term.
+#include "election_client/cli.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "election_client/etcd_client.h"
+#include "election_client/http_conn.h"
+#include "election_client/lease_keeper.h"
+#include "election_client/log.h"
+
+extern char** environ;
+
+namespace fencegate::election {
+
+const char* const kElectSummary =
+    "  fencegate elect --etcd URLS --election NAME -- CMD...   run CMD only while leader (see `fencegate elect --help`)\n";
+const char* const kLeaderSummary =
+    "  fencegate leader --etcd URLS --election NAME   print the current leader and its token\n";
+
+namespace {
+
+using namespace std::chrono_literals;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+constexpr const char* kElectUsage =
+    "Usage: fencegate elect --etcd URLS --election NAME [flags] -- COMMAND [ARGS...]\n"
+    "\n"
+    "Campaigns for leadership of NAME in etcd and runs COMMAND only while it holds it, with the\n"
+    "fencing token (the leader key's creation revision) in FENCING_TOKEN.\n"
+    "\n"
+    "  1. grants a lease (--ttl) and keeps it alive; campaigns with --id as the value;\n"
+    "  2. once elected, POSTs {\"generation\": N, \"leader\": ID} (and Fencing-Token: N) to\n"
+    "     <URL>/fence for every --fence URL and waits until each answered 200 (the activation\n"
+    "     barrier). A fence that refuses (any non-200 but 5xx) or stays unreachable/5xx for\n"
+    "     --fence-timeout-ms: elect resigns and exits 76, or campaigns again with --recampaign;\n"
+    "  3. runs COMMAND in its own process group with FENCING_TOKEN, FENCING_ELECTION and\n"
+    "     FENCING_LEADER_ID in its environment;\n"
+    "  4. if the lease is lost or in jeopardy (no renewal evidence by the local deadline:\n"
+    "     send time of the last renewal + TTL - max(TTL/5, 500ms), on the monotonic clock), it\n"
+    "     sends SIGTERM to the command's process group, SIGKILL after --grace-ms, resigns and\n"
+    "     exits 75 -- or campaigns again with --recampaign;\n"
+    "  5. when COMMAND exits: SIGKILL to what is left of its process group, resign, revoke the\n"
+    "     lease, exit with COMMAND's status (128+N if killed by signal N).\n"
+    "  SIGTERM/SIGINT are passed to the command's process group (SIGKILL after --grace-ms),\n"
+    "  then elect resigns and exits with the command's status. If elect itself dies, the command\n"
+    "  gets SIGKILL (parent-death signal).\n"
+    "\n"
+    "Flags:\n"
+    "  --etcd URLS              etcd client URLs, comma-separated (http://host:port), required\n"
+    "  --election NAME          election name (the key prefix is NAME/), required\n"
+    "  --id NAME                leader identity (FENCING_LEADER_ID); default hostname:pid\n"
+    "  --ttl SECONDS            lease TTL, 2..3600 (default 10); renewals every TTL/3\n"
+    "  --fence URL              a fencegate admin resource URL, e.g.\n"
+    "                           http://127.0.0.1:9901/v1/resources/ledger (repeatable)\n"
+    "  --fence-token-file PATH  bearer token for the fence admin APIs\n"
+    "  --fence-timeout-ms MS    how long to keep retrying an unreachable or 5xx fence (default 10000)\n"
+    "  --recampaign             after losing leadership or a failed barrier, campaign again\n"
+    "  --grace-ms MS            SIGTERM -> SIGKILL grace for the command (default 5000)\n"
+    "  --log-level LEVEL        debug, info, warn, error (default info); JSON lines on stderr\n"
+    "\n"
+    "Exit codes: COMMAND's status; 1 etcd unreachable at start or COMMAND could not start;\n"
+    "2 bad flags; 75 leadership lost while COMMAND ran; 76 activation barrier failed;\n"
+    "128+N got signal N before COMMAND started.\n";
+
+constexpr const char* kLeaderUsage =
+    "Usage: fencegate leader --etcd URLS --election NAME\n"
+    "\n"
+    "Prints the current leader of the election as one JSON object:\n"
+    "  {\"election\": NAME, \"leader\": ID, \"token\": N}\n"
+    "where ID is the value the leader campaigned with and N its fencing token (the leader key's\n"
+    "creation revision).\n"
+    "\n"
+    "Flags:\n"
+    "  --etcd URLS        etcd client URLs, comma-separated (http://host:port), required\n"
+    "  --election NAME    election name, required\n"
+    "  --timeout-ms MS    per-request timeout (default 5000)\n"
+    "\n"
+    "Exit codes: 0 printed; 1 etcd unreachable or error; 2 bad flags; 3 no leader.\n";
+
+// ------------------------------------------------------------------------------------------
+// Flags
+
+struct FlagReader {
+  const std::vector<std::string>& args;
+  std::size_t i = 0;
+  std::vector<std::string> errors;
+
+  // If args[i] is --name or --name=value, takes its value into *out and returns true.
+  bool value(const char* name, std::string* out) {
+    const std::string& a = args[i];
+    const std::string n = std::string("--") + name;
+    if (a == n) {
+      if (i + 1 >= args.size()) {
+        errors.push_back(n + ": needs a value");
+        ++i;
+        return true;
+      }
+      *out = args[i + 1];
+      i += 2;
+      return true;
+    }
+    if (a.size() > n.size() && a.compare(0, n.size(), n) == 0 && a[n.size()] == '=') {
+      *out = a.substr(n.size() + 1);
+      ++i;
+      return true;
+    }
+    return false;
+  }
+  bool integer(const char* name, std::int64_t lo, std::int64_t hi, std::int64_t* out) {
+    std::string v;
+    if (!value(name, &v)) return false;
+    std::int64_t n = 0;
+    auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+    if (v.empty() || ec != std::errc() || p != v.data() + v.size() || n < lo || n > hi)
+      errors.push_back(std::string("--") + name + ": must be an integer in " + std::to_string(lo) + ".." +
+                       std::to_string(hi) + " (got \"" + v + "\")");
+    else
+      *out = n;
+    return true;
+  }
+};
+
+int usage_error(const char* cmd, const std::vector<std::string>& errors) {
+  for (const auto& e : errors) std::fprintf(stderr, "fencegate %s: %s\n", cmd, e.c_str());
+  std::fprintf(stderr, "Run `fencegate %s --help` for the flags.\n", cmd);
+  return kExitUsage;
+}
+
+struct ElectFlags {
+  std::vector<std::string> etcd;
+  std::string election;
+  std::string id;
+  std::int64_t ttl = 10;
+  std::vector<HttpUrl> fences;
+  std::vector<std::string> fence_urls;
+  std::string fence_token;
+  std::int64_t fence_timeout_ms = 10000;
+  bool recampaign = false;
+  std::int64_t grace_ms = 5000;
+  std::vector<std::string> command;
+};
+
+std::string default_id() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
+  return std::string(host) + ":" + std::to_string(getpid());
+}
+
+// ------------------------------------------------------------------------------------------
+// Signals and the child process
+
+sigset_t handled_signals() {
+  sigset_t s;
+  sigemptyset(&s);
+  sigaddset(&s, SIGTERM);
+  sigaddset(&s, SIGINT);
+  sigaddset(&s, SIGCHLD);
+  return s;
+}
+
+// Waits up to `timeout` for SIGTERM, SIGINT or SIGCHLD. Returns the signal, or 0.
+int wait_signal(milliseconds timeout) {
+  sigset_t s = handled_signals();
+  timespec ts{static_cast<time_t>(timeout.count() / 1000), static_cast<long>((timeout.count() % 1000) * 1000000)};
+  siginfo_t info;
+  int sig = sigtimedwait(&s, &info, &ts);
+  return sig > 0 ? sig : 0;
+}
+
+int exit_code_of(int wstatus) {
+  if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
+  if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
+  return 1;
+}
+
+// Starts the command in its own process group with `env`. Returns its pid, or -1 (errno set).
+pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env) {
+  // Everything the child needs is built before fork(): after it, only async-signal-safe calls.
+  std::vector<char*> argv;
+  for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    setpgid(0, 0);
+    // If elect dies (even by SIGKILL), the command must not keep running on its authority.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    signal(SIGPIPE, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    environ = envp.data();
+    execvp(argv[0], argv.data());
+    const char msg[] = "{\"level\":\"error\",\"msg\":\"fencegate elect: could not exec the command\"}\n";
+    [[maybe_unused]] auto n = write(2, msg, sizeof msg - 1);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also in the parent: no race with the signals we may send at once
+  return pid;
+}
+
+std::vector<std::string> child_env(const ElectFlags& f, std::int64_t token) {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view v(*e);
+    if (v.rfind("FENCING_TOKEN=", 0) == 0 || v.rfind("FENCING_ELECTION=", 0) == 0 ||
+        v.rfind("FENCING_LEADER_ID=", 0) == 0)
+      continue;
+    env.emplace_back(v);
+  }
+  env.push_back("FENCING_TOKEN=" + std::to_string(token));
+  env.push_back("FENCING_ELECTION=" + f.election);
+  env.push_back("FENCING_LEADER_ID=" + f.id);
+  return env;
+}
+
+// ------------------------------------------------------------------------------------------
+// Running a slow step while watching signals and the lease
+
+enum class Interrupt { none, signal, lease };
+
+struct Waited {
+  Interrupt why = Interrupt::none;
+  int sig = 0;
+};
+
+// Runs work(cancel) on a helper thread; meanwhile waits for SIGTERM/SIGINT and checks the lease
+// (if `keeper`). On either, raises cancel and waits for work to return.
+Waited run_watched(const std::function<void(const std::atomic<bool>&)>& work, const LeaseKeeper* keeper) {
+  std::atomic<bool> cancel{false}, done{false};
+  const pthread_t waiter = pthread_self();
+  std::thread t([&] {
+    work(cancel);
+    done = true;
+    pthread_kill(waiter, SIGCHLD);  // wake the sigtimedwait below now rather than at its next slice
+  });
+  Waited w;
+  while (!done) {
+    int sig = wait_signal(50ms);
+    if (w.why != Interrupt::none) continue;
+    if (sig == SIGTERM || sig == SIGINT) {
+      w = {Interrupt::signal, sig};
+      cancel = true;
+    } else if (keeper && !keeper->valid()) {
+      w = {Interrupt::lease, 0};
+      cancel = true;
+    }
+  }
+  t.join();
+  return w;
+}
+
+// Sleeps up to `d`, returning early with the signal if SIGTERM/SIGINT arrives (else 0).
+int sleep_watching(milliseconds d) {
+  auto until = Clock::now() + d;
+  while (Clock::now() < until) {
+    auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
+    int sig = wait_signal(std::min(left, milliseconds(50)) + 1ms);
+    if (sig == SIGTERM || sig == SIGINT) return sig;
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------
+// The activation barrier
+
+enum class FenceResult { ok, refused, unreachable, cancelled };
+
+FenceResult fence_one(const ElectFlags& f, const HttpUrl& url, const std::string& url_text, std::int64_t token,
+                      const std::atomic<bool>& cancel) {
+  HttpConnection::Options o;
+  o.endpoints = {url};
+  o.connect_timeout = 1000ms;
+  HttpConnection conn(o);
+  const std::string target = url.path + "/fence";
+  const std::string body =
+      json{{"generation", token}, {"leader", f.id}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  HttpHeaders headers = {{"Fencing-Token", std::to_string(token)}};
+  if (!f.fence_token.empty()) headers.push_back({"Authorization", "Bearer " + f.fence_token});
+  const auto deadline = Clock::now() + milliseconds(f.fence_timeout_ms);
+  std::string last;
+  for (int attempt = 1;; ++attempt) {
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (left <= 0ms) break;
+    HttpResponse r;
+    Status st = conn.post(target, body, left, &r, &cancel, headers);
+    if (st.is_cancelled()) return FenceResult::cancelled;
+    if (st.ok() && r.status == 200) {
+      log::info("fence advanced", {log::kv("fence", url_text), log::kv("token", token), log::kv("attempt", attempt)});
+      return FenceResult::ok;
+    }
+    if (st.ok() && r.status < 500) {
+      log::error("fence refused the token", {log::kv("fence", url_text), log::kv("token", token),
+                                             log::kv("status", r.status), log::kv("body", r.body.substr(0, 500))});
+      return FenceResult::refused;
+    }
+    last = st.ok() ? "HTTP " + std::to_string(r.status) + " " + r.body.substr(0, 200) : st.to_string();
+    log::warn("fence not reached, retrying", {log::kv("fence", url_text), log::kv("attempt", attempt), log::kv("error", last)});
+    for (auto until = std::min(deadline, Clock::now() + 250ms); Clock::now() < until && !cancel;)
+      std::this_thread::sleep_for(10ms);
+    if (cancel) return FenceResult::cancelled;
+  }
+  log::error("fence unreachable", {log::kv("fence", url_text), log::kv("token", token),
+                                   log::kv("timeout_ms", f.fence_timeout_ms), log::kv("error", last)});
+  return FenceResult::unreachable;
+}
+
+// ------------------------------------------------------------------------------------------
+// One elect run
+
+class Elect {
+ public:
+  explicit Elect(ElectFlags f) : f_(std::move(f)), client_(client_options()) {}
+
+  int run();
+
+ private:
+  ClientOptions client_options() const {
+    ClientOptions o;
+    o.endpoints = f_.etcd;
+    o.request_timeout = 5000ms;
+    o.connect_timeout = 1000ms;
+    return o;
+  }
+  // Best effort: resign (if leading) and revoke the lease, each bounded.
+  void give_up(LeaseKeeper& keeper, const std::optional<LeaderKey>& leader);
+  // Stops the command's process group: SIGTERM (or `first`), SIGKILL after the grace period.
+  // Returns the command's wait status.
+  int stop_command(pid_t pid, int first, bool* reaped_status_valid);
+
+  // Constant after construction
+  const ElectFlags f_;
+  Client client_;
+};
+
+void Elect::give_up(LeaseKeeper& keeper, const std::optional<LeaderKey>& leader) {
+  if (leader) {
+    Status st = client_.resign(*leader, 2000ms);
+    if (st.ok()) log::info("resigned", {log::kv("token", leader->rev)});
+    else log::warn("resign failed (the lease will expire)", {log::kv("error", st.to_string())});
+  }
+  Status st = keeper.revoke(2000ms);
+  if (!st.ok()) log::warn("lease revoke failed (it will expire)", {log::kv("lease", keeper.lease_id()), log::kv("error", st.to_string())});
+}
+
+int Elect::stop_command(pid_t pid, int first, bool* have_status) {
+  kill(-pid, first);
+  const auto kill_at = Clock::now() + milliseconds(f_.grace_ms);
+  bool killed = false;
+  int wstatus = 0;
+  *have_status = false;
+  for (;;) {
+    pid_t r = waitpid(pid, &wstatus, WNOHANG);
+    if (r == pid) {
+      *have_status = true;
+      break;
+    }
+    if (r < 0 && errno == ECHILD) break;
+    if (!killed && Clock::now() >= kill_at) {
+      log::warn("command still running after the grace period: SIGKILL", {log::kv("pid", pid), log::kv("grace_ms", f_.grace_ms)});
+      kill(-pid, SIGKILL);
+      killed = true;
+    }
+    wait_signal(20ms);  // SIGCHLD wakes us early; a second SIGTERM/SIGINT is absorbed here
+  }
+  kill(-pid, SIGKILL);  // whatever is left of the group has no authority any more
+  return wstatus;
+}
+
+int Elect::run() {
+  bool first_term = true;
+  milliseconds backoff = 500ms;
+  for (;;) {
+    // --- 1. Lease.
+    LeaseKeeper::Options ko;
+    ko.client = client_options();
+    ko.ttl_seconds = f_.ttl;
+    auto keeper = std::make_unique<LeaseKeeper>(ko, [](LeaseKeeper::State s, const std::string& why) {
+      if (s == LeaseKeeper::State::active) log::info("lease renewed after jeopardy", {log::kv("why", why)});
+      else log::warn("lease state", {log::kv("state", LeaseKeeper::to_string(s)), log::kv("why", why)});
+    });
+    Status st;
+    Waited w = run_watched([&](const std::atomic<bool>&) { st = keeper->start(); }, nullptr);
+    if (w.why == Interrupt::signal) {
+      if (st.ok()) keeper->revoke(2000ms);
+      return 128 + w.sig;
+    }
+    if (!st.ok()) {
+      log::error("could not grant a lease", {log::kv("etcd", f_.etcd.front()), log::kv("error", st.to_string())});
+      if (first_term) return kExitUnavailable;
+      if (int sig = sleep_watching(backoff)) return 128 + sig;
+      backoff = std::min(backoff * 2, milliseconds(5000));
+      continue;
+    }
+    first_term = false;
+    const std::int64_t lease = keeper->lease_id();
+    log::info("lease granted", {log::kv("lease", lease), log::kv("ttl_s", keeper->ttl_seconds()),
+                                log::kv("margin_ms", keeper->margin().count()),
+                                log::kv("renew_every_ms", keeper->renew_every().count())});
+
+    // --- 2. Campaign (blocks until elected).
+    log::info("campaigning", {log::kv("election", f_.election), log::kv("id", f_.id)});
+    LeaderKey lk;
+    Status cst;
+    w = run_watched([&](const std::atomic<bool>& cancel) { cst = client_.campaign(f_.election, lease, f_.id, &lk, &cancel); },
+                    keeper.get());
+    if (w.why == Interrupt::signal) {
+      log::info("signal while campaigning: giving up", {log::kv("signal", w.sig)});
+      give_up(*keeper, std::nullopt);
+      return 128 + w.sig;
+    }
+    if (w.why == Interrupt::lease || !cst.ok()) {
+      log::warn("campaign ended without leadership; starting over",
+                {log::kv("error", w.why == Interrupt::lease ? std::string("lease not valid") : cst.to_string())});
+      give_up(*keeper, std::nullopt);
+      if (int sig = sleep_watching(backoff)) return 128 + sig;
+      backoff = std::min(backoff * 2, milliseconds(5000));
+      continue;
+    }
+    // Belt and braces: the leader key is ours and the token is its creation revision.
+    KeyValue cur;
+    Status lst = client_.leader(f_.election, &cur);
+    if (!lst.ok() || cur.key != lk.key || cur.create_revision != lk.rev || !keeper->valid()) {
+      log::warn("elected, but the leader key is not ours any more; starting over",
+                {log::kv("error", lst.ok() ? std::string("leader key ") + cur.key + " rev " + std::to_string(cur.create_revision)
+                                           : lst.to_string())});
+      give_up(*keeper, lk);
+      if (int sig = sleep_watching(backoff)) return 128 + sig;
+      continue;
+    }
+    backoff = 500ms;
+    const std::int64_t token = lk.rev;
+    log::info("elected", {log::kv("election", f_.election), log::kv("id", f_.id), log::kv("token", token),
+                          log::kv("key", lk.key), log::kv("lease", lease)});
+
+    // --- 3. Activation barrier: every fence has durably advanced to `token`.
+    FenceResult fr = FenceResult::ok;
+    w = run_watched(
+        [&](const std::atomic<bool>& cancel) {
+          for (std::size_t i = 0; i < f_.fences.size() && fr == FenceResult::ok; ++i)
+            fr = fence_one(f_, f_.fences[i], f_.fence_urls[i], token, cancel);
+        },
+        keeper.get());
+    if (w.why == Interrupt::signal) {
+      give_up(*keeper, lk);
+      return 128 + w.sig;
+    }
+    if (w.why == Interrupt::lease || !keeper->valid()) {
+      log::warn("lease not valid before the command started; starting over");
+      give_up(*keeper, lk);
+      continue;
+    }
+    if (fr != FenceResult::ok) {
+      give_up(*keeper, lk);
+      if (!f_.recampaign) {
+        log::error("activation barrier failed: not starting the command", {log::kv("exit_code", kExitFenceFailed)});
+        return kExitFenceFailed;
+      }
+      log::warn("activation barrier failed: campaigning again");
+      if (int sig = sleep_watching(2000ms)) return 128 + sig;
+      continue;
+    }
+
+    // --- 4. Run the command while the lease is valid.
+    if (!keeper->valid()) {
+      give_up(*keeper, lk);
+      continue;
+    }
+    pid_t pid = spawn(f_.command, child_env(f_, token));
+    if (pid < 0) {
+      log::error("could not start the command", {log::kv("error", std::strerror(errno))});
+      give_up(*keeper, lk);
+      return kExitUnavailable;
+    }
+    log::info("command started", {log::kv("pid", pid), log::kv("token", token), log::kv("command", f_.command.front())});
+    int wstatus = 0;
+    bool exited = false, lost = false;
+    int forwarded = 0;
+    Clock::time_point kill_at{};
+    while (!exited) {
+      int sig = wait_signal(50ms);
+      pid_t r = waitpid(pid, &wstatus, WNOHANG);
+      if (r == pid || (r < 0 && errno == ECHILD)) {
+        exited = true;
+        break;
+      }
+      if (!keeper->valid()) {
+        log::error("leadership lost: stopping the command",
+                   {log::kv("state", LeaseKeeper::to_string(keeper->state())), log::kv("token", token), log::kv("pid", pid),
+                    log::kv("late_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - keeper->deadline()).count())});
+        bool have = false;
+        wstatus = stop_command(pid, SIGTERM, &have);
+        lost = true;
+        break;
+      }
+      if (sig == SIGTERM || sig == SIGINT) {
+        if (!forwarded) {
+          log::info("passing the signal to the command", {log::kv("signal", sig), log::kv("pid", pid)});
+          forwarded = sig;
+          kill_at = Clock::now() + milliseconds(f_.grace_ms);
+        }
+        kill(-pid, sig);
+      }
+      if (forwarded && Clock::now() >= kill_at) {
+        log::warn("command still running after the grace period: SIGKILL", {log::kv("pid", pid)});
+        kill(-pid, SIGKILL);
+        kill_at = Clock::time_point::max();
+      }
+    }
+    if (exited) kill(-pid, SIGKILL);  // leftovers of the group lose their authority with us
+
+    // --- 5. Resign and revoke.
+    if (lost) {
+      log::info("command stopped", {log::kv("pid", pid), log::kv("status", exit_code_of(wstatus))});
+      give_up(*keeper, lk);
+      if (f_.recampaign) {
+        log::info("campaigning again (--recampaign)");
+        if (int sig = sleep_watching(500ms)) return 128 + sig;
+        continue;
+      }
+      log::error("exiting: leadership lost", {log::kv("exit_code", kExitLeadershipLost)});
+      return kExitLeadershipLost;
+    }
+    const int code = exit_code_of(wstatus);
+    log::info("command exited", {log::kv("pid", pid), log::kv("exit_code", code)});
+    give_up(*keeper, lk);
+    return code;
+  }
+}
+
+}  // namespace
+
+int run_elect(const std::vector<std::string>& args) {
+  ElectFlags f;
+  FlagReader r{args, 0, {}};
+  std::string etcd, level = "info", token_file;
+  bool have_command = false;
+  while (r.i < args.size()) {
+    const std::string& a = args[r.i];
+    std::string v;
+    if (a == "--help" || a == "-h") {
+      std::fputs(kElectUsage, stdout);
+      return 0;
+    }
+    if (a == "--") {
+      f.command.assign(args.begin() + static_cast<std::ptrdiff_t>(r.i) + 1, args.end());
+      have_command = true;
+      break;
+    }
+    if (a == "--recampaign") {
+      f.recampaign = true;
+      ++r.i;
+    } else if (r.value("etcd", &etcd) || r.value("election", &f.election) || r.value("id", &f.id) ||
+               r.integer("ttl", 2, 3600, &f.ttl) || r.value("fence-token-file", &token_file) ||
+               r.integer("fence-timeout-ms", 0, 3600000, &f.fence_timeout_ms) ||
+               r.integer("grace-ms", 0, 3600000, &f.grace_ms) || r.value("log-level", &level)) {
+    } else if (r.value("fence", &v)) {
+      HttpUrl u;
+      std::string why;
+      if (!parse_http_url(v, &u, &why)) r.errors.push_back("--fence: " + why);
+      else {
+        f.fences.push_back(u);
+        f.fence_urls.push_back(v);
+      }
+    } else {
+      r.errors.push_back("unknown flag \"" + a + "\"" + (a.rfind("--", 0) == 0 ? "" : " (put the command after --)"));
+      ++r.i;
+    }
+  }
+  std::string why;
+  if (etcd.empty()) r.errors.push_back("--etcd: required (e.g. http://127.0.0.1:2379)");
+  else if (!parse_endpoint_list(etcd, &f.etcd, &why)) r.errors.push_back("--etcd: " + why);
+  if (f.election.empty()) r.errors.push_back("--election: required");
+  if (!have_command || f.command.empty()) r.errors.push_back("a command is required after --");
+  if (level == "debug") log::set_level(log::Level::debug);
+  else if (level == "info") log::set_level(log::Level::info);
+  else if (level == "warn") log::set_level(log::Level::warn);
+  else if (level == "error") log::set_level(log::Level::error);
+  else r.errors.push_back("--log-level: must be one of debug, info, warn, error (got \"" + level + "\")");
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string t = ss.str();
+    while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+    while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(0, 1);
+    if (!in || t.empty()) r.errors.push_back("--fence-token-file: cannot read a token from \"" + token_file + "\"");
+    f.fence_token = t;
+  }
+  if (!r.errors.empty()) return usage_error("elect", r.errors);
+  if (f.id.empty()) f.id = default_id();
+
+  // SIGTERM/SIGINT/SIGCHLD are taken with sigtimedwait(); block them before any thread exists
+  // so every thread inherits the mask.
+  sigset_t s = handled_signals();
+  pthread_sigmask(SIG_BLOCK, &s, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+  return Elect(std::move(f)).run();
+}
+
+int run_leader(const std::vector<std::string>& args) {
+  FlagReader r{args, 0, {}};
+  std::string etcd, election;
+  std::int64_t timeout_ms = 5000;
+  while (r.i < args.size()) {
+    const std::string& a = args[r.i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kLeaderUsage, stdout);
+      return 0;
+    }
+    if (r.value("etcd", &etcd) || r.value("election", &election) || r.integer("timeout-ms", 1, 600000, &timeout_ms)) continue;
+    r.errors.push_back("unknown flag \"" + a + "\"");
+    ++r.i;
+  }
+  std::vector<std::string> eps;
+  std::string why;
+  if (etcd.empty()) r.errors.push_back("--etcd: required (e.g. http://127.0.0.1:2379)");
+  else if (!parse_endpoint_list(etcd, &eps, &why)) r.errors.push_back("--etcd: " + why);
+  if (election.empty()) r.errors.push_back("--election: required");
+  if (!r.errors.empty()) return usage_error("leader", r.errors);
+  signal(SIGPIPE, SIG_IGN);
+  ClientOptions o;
+  o.endpoints = eps;
+  o.request_timeout = milliseconds(timeout_ms);
+  Client c(o);
+  KeyValue kv;
+  Status st = c.leader(election, &kv);
+  if (st.is_no_leader()) {
+    std::fprintf(stderr, "fencegate leader: election \"%s\" has no leader\n", election.c_str());
+    return kExitNoLeader;
+  }
+  if (!st.ok()) {
+    std::fprintf(stderr, "fencegate leader: %s\n", st.to_string().c_str());
+    return kExitUnavailable;
+  }
+  json out = {{"election", election}, {"leader", kv.value}, {"token", kv.create_revision}};
+  std::printf("%s\n", out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
+  return 0;
+}
+
+}  // namespace fencegate::election

@@ -1,0 +1,248 @@
+#include "election_client/etcd_client.h"
+
+#include <stdexcept>
+
+#include "election_client/etcd_json.h"
+#include "election_client/http_conn.h"
+
+namespace fencegate::election {
+
+using detail::json;
+using detail::i64;
+using detail::str64;
+
+bool parse_endpoint_list(std::string_view csv, std::vector<std::string>* out, std::string* err) {
+  std::vector<std::string> eps;
+  std::size_t start = 0;
+  while (start <= csv.size()) {
+    std::size_t comma = csv.find(',', start);
+    std::string_view one = csv.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    while (!one.empty() && one.front() == ' ') one.remove_prefix(1);
+    while (!one.empty() && one.back() == ' ') one.remove_suffix(1);
+    if (!one.empty()) {
+      HttpUrl u;
+      std::string why;
+      if (!parse_http_url(one, &u, &why)) {
+        if (err) *err = "etcd endpoint: " + why;
+        return false;
+      }
+      if (!u.path.empty()) {
+        if (err) *err = "etcd endpoint must not have a path (got \"" + std::string(one) + "\")";
+        return false;
+      }
+      eps.push_back(u.origin());
+    }
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  if (eps.empty()) {
+    if (err) *err = "no etcd endpoint given";
+    return false;
+  }
+  *out = std::move(eps);
+  return true;
+}
+
+std::string election_prefix(std::string_view name) { return std::string(name) + "/"; }
+
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  if (options_.endpoints.empty()) throw std::invalid_argument("election::Client: no endpoints");
+  for (const auto& e : options_.endpoints) {
+    HttpUrl u;
+    std::string why;
+    if (!parse_http_url(e, &u, &why)) throw std::invalid_argument("election::Client: " + why);
+  }
+}
+
+Client::~Client() = default;
+
+std::unique_ptr<HttpConnection> Client::take() {
+  {
+    std::lock_guard lk(mu_);
+    if (!idle_.empty()) {
+      auto c = std::move(idle_.back());
+      idle_.pop_back();
+      return c;
+    }
+  }
+  HttpConnection::Options o;
+  for (const auto& e : options_.endpoints) {
+    HttpUrl u;
+    parse_http_url(e, &u, nullptr);
+    o.endpoints.push_back(u);
+  }
+  o.connect_timeout = options_.connect_timeout;
+  return std::make_unique<HttpConnection>(std::move(o));
+}
+
+void Client::give_back(std::unique_ptr<HttpConnection> c) {
+  std::lock_guard lk(mu_);
+  if (idle_.size() < 4) idle_.push_back(std::move(c));
+}
+
+Status Client::call(std::string_view path, const std::string& body, std::string* out, std::chrono::milliseconds timeout,
+                    const std::atomic<bool>* cancel) {
+  auto conn = take();
+  HttpResponse r;
+  Status st = conn->post(path, body, timeout, &r, cancel);
+  give_back(std::move(conn));
+  if (!st.ok()) return st;
+  if (r.status == 200) {
+    *out = std::move(r.body);
+    return Status::OK();
+  }
+  json e = json::parse(r.body, nullptr, false);
+  if (e.is_object() && (e.contains("message") || e.contains("error"))) {
+    std::string msg = e.value("message", std::string());
+    if (msg.empty() && e["error"].is_string()) msg = e["error"].get<std::string>();
+    return Status::Etcd(static_cast<int>(i64(e, "code")), msg);
+  }
+  return Status::Http(r.status, r.body.substr(0, 200));
+}
+
+namespace {
+// Parses a 200 body; Protocol error if it is not a JSON object.
+Status parse_object(const std::string& text, json* out) {
+  *out = json::parse(text, nullptr, false);
+  if (out->is_discarded() || !out->is_object()) return Status::Protocol("etcd answered non-JSON: " + text.substr(0, 200));
+  return Status::OK();
+}
+}  // namespace
+
+Status Client::grant(std::int64_t ttl_seconds, LeaseGrant* out) {
+  std::string text;
+  Status st = call("/v3/lease/grant", json{{"TTL", str64(ttl_seconds)}}.dump(), &text, options_.request_timeout);
+  if (!st.ok()) return st;
+  json j;
+  if (st = parse_object(text, &j); !st.ok()) return st;
+  if (j.contains("error") && j["error"].is_string() && !j["error"].get<std::string>().empty())
+    return Status::Etcd(0, j["error"].get<std::string>());
+  out->id = i64(j, "ID");
+  out->ttl = i64(j, "TTL");
+  if (out->id == 0 || out->ttl <= 0) return Status::Protocol("lease grant without ID or TTL: " + text.substr(0, 200));
+  return Status::OK();
+}
+
+Status Client::keepalive(std::int64_t lease_id, std::int64_t* ttl_out, std::chrono::milliseconds timeout) {
+  std::string text;
+  Status st = call("/v3/lease/keepalive", json{{"ID", str64(lease_id)}}.dump(), &text, timeout);
+  if (!st.ok()) return st;
+  // A bidirectional stream through the gateway: one {"result":{...}} (or {"error":{...}}) per line.
+  std::size_t nl = text.find('\n');
+  json j;
+  if (st = parse_object(nl == std::string::npos ? text : text.substr(0, nl), &j); !st.ok()) return st;
+  if (j.contains("error")) {
+    const json& e = j["error"];
+    std::string msg = e.is_object() ? e.value("message", std::string("keepalive error")) : e.dump();
+    if (msg.find("lease not found") != std::string::npos) {
+      *ttl_out = 0;
+      return Status::OK();
+    }
+    return Status::Etcd(e.is_object() ? static_cast<int>(i64(e, "grpc_code")) : 0, msg);
+  }
+  const json& r = j.contains("result") ? j["result"] : j;
+  *ttl_out = i64(r, "TTL");
+  return Status::OK();
+}
+
+Status Client::revoke(std::int64_t lease_id, std::chrono::milliseconds timeout) {
+  std::string text;
+  Status st = call("/v3/lease/revoke", json{{"ID", str64(lease_id)}}.dump(), &text, timeout);
+  if (st.is_lease_not_found()) return Status::OK();
+  return st;
+}
+
+Status Client::time_to_live(std::int64_t lease_id, std::int64_t* ttl_out) {
+  std::string text;
+  Status st = call("/v3/lease/timetolive", json{{"ID", str64(lease_id)}}.dump(), &text, options_.request_timeout);
+  if (!st.ok()) return st;
+  json j;
+  if (st = parse_object(text, &j); !st.ok()) return st;
+  // An expired lease answers TTL "-1"; a live one its remaining seconds (0 is omitted).
+  *ttl_out = j.contains("TTL") ? i64(j, "TTL") : 0;
+  return Status::OK();
+}
+
+Status Client::campaign(std::string_view name, std::int64_t lease_id, std::string_view value, LeaderKey* out,
+                        const std::atomic<bool>* cancel) {
+  json req = {{"name", base64_encode(name)}, {"lease", str64(lease_id)}, {"value", base64_encode(value)}};
+  std::string text;
+  // No deadline of our own: campaigning waits for the predecessors to go. A broken connection
+  // ends it (unavailable); the caller campaigns again, and etcd reuses this lease's key.
+  Status st = call("/v3/election/campaign", req.dump(), &text, std::chrono::hours(24 * 365), cancel);
+  if (!st.ok()) return st;
+  json j;
+  if (st = parse_object(text, &j); !st.ok()) return st;
+  auto it = j.find("leader");
+  if (it == j.end() || !it->is_object()) return Status::Protocol("campaign answer without leader: " + text.substr(0, 200));
+  out->name = detail::bytes(*it, "name");
+  out->key = detail::bytes(*it, "key");
+  out->rev = i64(*it, "rev");
+  out->lease = i64(*it, "lease");
+  if (out->key.empty() || out->rev <= 0) return Status::Protocol("campaign answer without key or rev: " + text.substr(0, 200));
+  return Status::OK();
+}
+
+Status Client::leader(std::string_view name, KeyValue* out, ResponseHeader* header) {
+  std::string text;
+  Status st = call("/v3/election/leader", json{{"name", base64_encode(name)}}.dump(), &text, options_.request_timeout);
+  if (!st.ok()) return st;
+  json j;
+  if (st = parse_object(text, &j); !st.ok()) return st;
+  if (header) *header = detail::header_from(j);
+  auto it = j.find("kv");
+  if (it == j.end() || !it->is_object()) return Status::Etcd(2, "election: no leader");
+  *out = detail::kv_from(*it);
+  return Status::OK();
+}
+
+Status Client::resign(const LeaderKey& leader, std::chrono::milliseconds timeout) {
+  json lk = {{"name", base64_encode(leader.name)},
+             {"key", base64_encode(leader.key)},
+             {"rev", str64(leader.rev)},
+             {"lease", str64(leader.lease)}};
+  std::string text;
+  return call("/v3/election/resign", json{{"leader", lk}}.dump(), &text, timeout);
+}
+
+Status Client::range(std::string_view key, std::string_view range_end, std::vector<KeyValue>* out,
+                     ResponseHeader* header) {
+  json req = {{"key", base64_encode(key)}};
+  if (!range_end.empty()) req["range_end"] = base64_encode(range_end);
+  std::string text;
+  Status st = call("/v3/kv/range", req.dump(), &text, options_.request_timeout);
+  if (!st.ok()) return st;
+  json j;
+  if (st = parse_object(text, &j); !st.ok()) return st;
+  if (header) *header = detail::header_from(j);
+  out->clear();
+  if (auto it = j.find("kvs"); it != j.end() && it->is_array())
+    for (const auto& kv : *it) out->push_back(detail::kv_from(kv));
+  return Status::OK();
+}
+
+Status Client::put(std::string_view key, std::string_view value, std::int64_t lease, ResponseHeader* header) {
+  json req = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
+  if (lease) req["lease"] = str64(lease);
+  std::string text;
+  Status st = call("/v3/kv/put", req.dump(), &text, options_.request_timeout);
+  if (!st.ok()) return st;
+  json j;
+  if (st = parse_object(text, &j); !st.ok()) return st;
+  if (header) *header = detail::header_from(j);
+  return Status::OK();
+}
+
+Status Client::delete_range(std::string_view key, std::string_view range_end, std::int64_t* deleted) {
+  json req = {{"key", base64_encode(key)}};
+  if (!range_end.empty()) req["range_end"] = base64_encode(range_end);
+  std::string text;
+  Status st = call("/v3/kv/deleterange", req.dump(), &text, options_.request_timeout);
+  if (!st.ok()) return st;
+  json j;
+  if (st = parse_object(text, &j); !st.ok()) return st;
+  if (deleted) *deleted = i64(j, "deleted");
+  return Status::OK();
+}
+
+}  // namespace fencegate::election

@@ -1,0 +1,122 @@
+// A client of etcd v3's JSON gateway (etcd 3.4: POST /v3/..., keys and values base64, int64 as
+// JSON strings, zero values omitted, errors as HTTP 500 {"error","message","code"}).
+//
+// Fencing token: the leader key's *creation revision* -- LeaderKey::rev from campaign(), equal to
+// KeyValue::create_revision of the leader key from leader() or range(). Not the header revision,
+// not mod_revision, not the lease ID.
+//
+// Every call blocks the calling thread for at most ClientOptions::request_timeout (campaign():
+// until elected, an error, or *cancel). Endpoints fail over as described in http_conn.h.
+//
+// Thread-safety: a Client is thread-safe; concurrent calls use separate pooled connections.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "election_client/status.h"
+
+namespace fencegate::election {
+
+class HttpConnection;
+
+struct ClientOptions {
+  std::vector<std::string> endpoints;                 // "http://host:port", at least one
+  std::chrono::milliseconds request_timeout{5000};    // per call, failover included
+  std::chrono::milliseconds connect_timeout{1000};    // per endpoint
+};
+
+// Splits "http://a:2379,http://b:2379" and checks each URL. Returns true iff all are valid
+// http://host:port URLs without a path.
+bool parse_endpoint_list(std::string_view csv, std::vector<std::string>* out, std::string* err);
+
+struct ResponseHeader {
+  std::int64_t revision = 0;
+  std::int64_t raft_term = 0;
+  std::string member_id;
+};
+
+struct KeyValue {
+  std::string key, value;
+  std::int64_t create_revision = 0;
+  std::int64_t mod_revision = 0;
+  std::int64_t version = 0;
+  std::int64_t lease = 0;
+};
+
+// etcd's election LeaderKey: `rev` is the creation revision of `key` -- the fencing token.
+struct LeaderKey {
+  std::string name, key;
+  std::int64_t rev = 0;
+  std::int64_t lease = 0;
+};
+
+struct LeaseGrant {
+  std::int64_t id = 0;
+  std::int64_t ttl = 0;  // seconds, as granted (may exceed the request: etcd's minimum TTL)
+};
+
+class Client {
+ public:
+  // REQUIRES: options.endpoints are valid (parse_endpoint_list); throws std::invalid_argument if not.
+  explicit Client(ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const ClientOptions& options() const { return options_; }
+
+  // Leases.
+  Status grant(std::int64_t ttl_seconds, LeaseGrant* out);
+  // One renewal. *ttl_out is the TTL etcd reset the lease to; 0 means the lease is gone
+  // (etcd answers a keepalive on an expired or revoked lease with no TTL).
+  Status keepalive(std::int64_t lease_id, std::int64_t* ttl_out, std::chrono::milliseconds timeout);
+  // Revokes; a lease that is already gone counts as revoked (OK).
+  Status revoke(std::int64_t lease_id, std::chrono::milliseconds timeout);
+  // Remaining TTL in seconds; -1 when the lease does not exist.
+  Status time_to_live(std::int64_t lease_id, std::int64_t* ttl_out);
+
+  // Elections. campaign() blocks until this lease's key under `name` is the oldest (elected),
+  // an error, or *cancel is set (Status::Cancelled). While it waits, etcd itself keeps the lease
+  // alive. An already existing candidacy of the same lease is reused (etcd's recipe).
+  Status campaign(std::string_view name, std::int64_t lease_id, std::string_view value, LeaderKey* out,
+                  const std::atomic<bool>* cancel = nullptr);
+  // The current leader's key-value (value = what the leader campaigned with; create_revision =
+  // its fencing token). Status::is_no_leader() when there is none.
+  Status leader(std::string_view name, KeyValue* out, ResponseHeader* header = nullptr);
+  // Deletes the leader key (if it is still this one). OK if it was already gone.
+  Status resign(const LeaderKey& leader, std::chrono::milliseconds timeout);
+
+  // KV (for watch resync and tests). range_end "" = just `key`.
+  Status range(std::string_view key, std::string_view range_end, std::vector<KeyValue>* out,
+               ResponseHeader* header = nullptr);
+  Status put(std::string_view key, std::string_view value, std::int64_t lease = 0, ResponseHeader* header = nullptr);
+  Status delete_range(std::string_view key, std::string_view range_end, std::int64_t* deleted = nullptr);
+
+  // The raw call: POSTs `body` to `path` (e.g. "/v3/kv/range") and returns the JSON text of a
+  // 200 answer in *out, or the etcd error.
+  Status call(std::string_view path, const std::string& body, std::string* out,
+              std::chrono::milliseconds timeout, const std::atomic<bool>* cancel = nullptr);
+
+ private:
+  std::unique_ptr<HttpConnection> take();
+  void give_back(std::unique_ptr<HttpConnection> c);
+
+  // Constant after construction
+  const ClientOptions options_;
+
+  std::mutex mu_;
+  // Guarded by mu_
+  std::vector<std::unique_ptr<HttpConnection>> idle_;
+};
+
+// The key prefix under which an election's candidates live ("<name>/").
+std::string election_prefix(std::string_view name);
+
+}  // namespace fencegate::election
