@@ -563,7 +563,9 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   if (d.verdict == Verdict::admit) {
     rt.fence.release(&node);
     log::info("fenced", {log::kv("resource", resource), log::kv("generation", d.current), log::kv("leader", leader)});
-    co_return json_reply(200, {{"resource", resource}, {"generation", d.current}, {"leader", leader}});
+    Reply ok = json_reply(200, {{"resource", resource}, {"generation", d.current}, {"leader", leader}});
+    ok.extra_headers = "Fencing-Generation: " + std::to_string(d.current) + "\r\n";
+    co_return ok;
   }
   if (d.verdict == Verdict::stale) {
     store::AuditRow row;
@@ -597,9 +599,11 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     if (!st->ok())
       co_return problem(503, "store-unavailable", "Fence store unavailable", "the audit row could not be made durable",
                         {{"resource", resource}, {"presented_generation", g}, {"current_generation", d.newest}});
-    co_return problem(409, "stale-generation", "Stale fencing token",
-                      "generation " + std::to_string(g) + " is older than generation " + std::to_string(d.newest),
-                      {{"resource", resource}, {"presented_generation", g}, {"current_generation", d.newest}});
+    Reply stale = problem(409, "stale-generation", "Stale fencing token",
+                          "generation " + std::to_string(g) + " is older than generation " + std::to_string(d.newest),
+                          {{"resource", resource}, {"presented_generation", g}, {"current_generation", d.newest}});
+    stale.extra_headers = "Fencing-Generation: " + std::to_string(d.newest) + "\r\n";
+    co_return stale;
   }
   if (d.verdict == Verdict::overloaded)
     co_return problem(503, "too-many-resources", "Too many resources", "the fence holds its maximum number of resources");

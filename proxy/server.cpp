@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <boost/asio.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <csignal>
@@ -39,6 +40,7 @@ using tcp = net::ip::tcp;
 using net::awaitable;
 using net::use_awaitable;
 using config::Mode;
+using namespace net::experimental::awaitable_operators;
 
 namespace {
 
@@ -158,6 +160,10 @@ struct FenceMarks {
   std::optional<std::int64_t> generation;  // Fencing-Generation
   std::string observe;                     // Fencing-Observe
 };
+
+// Named, not `{}`: GCC 12 mishandles a braced temporary bound to a reference inside co_await
+// (it freed a FenceMarks' string from the wrong address).
+const FenceMarks kNoMarks{};
 
 std::string local_reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks) {
   std::string body = problem_body(p);
@@ -280,6 +286,7 @@ class Session {
   Runtime& rt_;
   Worker& w_;
   beast::tcp_stream client_;
+  net::steady_timer head_timer_{w_.ioc};
   beast::flat_buffer buf_;
   std::shared_ptr<const Snapshot> snap_;  // the config this request runs under
   std::string client_ip_, client_addr_;
@@ -290,8 +297,8 @@ awaitable<void> Session::run() {
   bool first = true;
   for (;;) {
     std::size_t head_len = 0;
-    snap_ = rt_.snapshot();  // a reload applies from the next request on
     if (!co_await read_head(&head_len, first)) break;
+    snap_ = rt_.snapshot();  // a reload applies from the next request on, even on this connection
     first = false;
     st_.active_requests.fetch_add(1, std::memory_order_relaxed);
     bool again = false;
@@ -314,7 +321,8 @@ awaitable<bool> Session::read_head(std::size_t* head_len, bool first) {
   const auto& cfg = this->cfg();
   std::size_t checked = 0;
   bool started = buf_.size() > 0;
-  client_.expires_after(started || first ? cfg.header_timeout : cfg.idle_timeout);
+  auto deadline = std::chrono::steady_clock::now() + (started || first ? cfg.header_timeout : cfg.idle_timeout);
+  client_.expires_never();
   for (;;) {
     if (buf_.size() > 0) {
       std::string_view data(static_cast<const char*>(buf_.data().data()), buf_.size());
@@ -327,33 +335,37 @@ awaitable<bool> Session::read_head(std::size_t* head_len, bool first) {
           co_return true;
         }
         if (s.status == HeadStatus::bad) {
-          co_await reply(Problem{400, "bad-request", "Bad request", s.reason}, false, 11, {});
+          co_await reply(Problem{400, "bad-request", "Bad request", s.reason}, false, 11, kNoMarks);
           co_return false;
         }
         if (s.status == HeadStatus::too_large) {
           co_await reply(Problem{431, "header-too-large", "Request header fields too large",
                                  "the request head exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"},
-                         false, 11, {});
+                         false, 11, kNoMarks);
           co_return false;
         }
       }
       checked = data.size();
     }
-    boost::system::error_code ec;
     std::size_t room = std::min<std::size_t>(cfg.max_header_bytes + 4 - buf_.size(), 16384);
     if (room == 0) room = 1;
-    std::size_t n = co_await client_.async_read_some(buf_.prepare(room), net::redirect_error(use_awaitable, ec));
-    buf_.commit(n);
-    if (ec == beast::error::timeout) {
+    // The head's deadline is our own timer, not the stream's: a stream timeout closes the
+    // socket, and a client whose head stalled is owed a 408.
+    head_timer_.expires_at(deadline);
+    auto r = co_await (client_.socket().async_read_some(buf_.prepare(room), net::as_tuple(use_awaitable)) ||
+                       head_timer_.async_wait(net::as_tuple(use_awaitable)));
+    if (r.index() == 1) {
       if (buf_.size() > 0)
         co_await reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
-                       false, 11, {});
+                       false, 11, kNoMarks);
       co_return false;
     }
+    auto [ec, n] = std::get<0>(r);
+    buf_.commit(n);
     if (ec) co_return false;
     if (!started) {
       started = true;
-      client_.expires_after(cfg.header_timeout);
+      deadline = std::chrono::steady_clock::now() + cfg.header_timeout;
     }
   }
 }
@@ -395,14 +407,14 @@ awaitable<bool> Session::handle(std::size_t head_len) {
   scan_request_head(data, cfg.max_header_bytes, &head);
   const int version = head.version;
   Framing fr = check_framing(head);
-  if (!fr.ok) co_return co_await reply(Problem{400, "bad-framing", "Bad request", fr.reason}, false, version, {});
+  if (!fr.ok) co_return co_await reply(Problem{400, "bad-framing", "Bad request", fr.reason}, false, version, kNoMarks);
   const bool has_body = fr.chunked || (fr.content_length && *fr.content_length > 0);
 
   bool expect_continue = false;  // set below, once Expect is validated
   // A request refused before its body was read keeps the connection only if its body is small
   // and Content-Length framed: the body is then read and discarded. Otherwise the connection
   // closes after the reply.
-  auto refuse = [&](Problem p, const FenceMarks& m = {}) -> awaitable<bool> {
+  auto refuse = [&](Problem p, const FenceMarks& m = kNoMarks) -> awaitable<bool> {
     const bool can_skip =
         !has_body || (!fr.chunked && !expect_continue && *fr.content_length <= kDiscardLimit);
     if (!co_await reply(p, can_skip, version, m)) co_return false;
@@ -414,7 +426,7 @@ awaitable<bool> Session::handle(std::size_t head_len) {
   if (head.method == "CONNECT" || head.count("Upgrade"))
     co_return co_await reply(Problem{501, "not-implemented", "Not implemented",
                                      "CONNECT and protocol upgrades are not supported"},
-                             false, version, {});
+                             false, version, kNoMarks);
   // Connection may not name end-to-end fields we rely on: stripping them would change framing
   // or drop the token on its way upstream.
   {
@@ -430,7 +442,7 @@ awaitable<bool> Session::handle(std::size_t head_len) {
     if (bad_conn)
       co_return co_await reply(Problem{400, "bad-connection-header", "Bad request",
                                        "the Connection header names an end-to-end field"},
-                               false, version, {});
+                               false, version, kNoMarks);
   }
   {
     std::string_view ev;
@@ -438,18 +450,18 @@ awaitable<bool> Session::handle(std::size_t head_len) {
     if (ne > 1 || (ne == 1 && !iequals(ev, "100-continue")))
       co_return co_await reply(Problem{417, "expectation-failed", "Expectation failed",
                                        "only \"Expect: 100-continue\" is supported"},
-                               false, version, {});
+                               false, version, kNoMarks);
     expect_continue = ne == 1 && version == 11;
   }
   if (fr.content_length && *fr.content_length > cfg.max_body_bytes)
     co_return co_await reply(Problem{413, "body-too-large", "Content too large",
                                      "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"},
-                             false, version, {});
+                             false, version, kNoMarks);
 
   // Route: the resource comes from the route and the path, never from a header.
   config::Router::Match m = snap_->router.match(head.target);
   if (m.outcome == config::Router::Outcome::bad_target)
-    co_return co_await reply(Problem{400, "bad-target", "Bad request", m.reason}, false, version, {});
+    co_return co_await reply(Problem{400, "bad-target", "Bad request", m.reason}, false, version, kNoMarks);
   if (m.outcome == config::Router::Outcome::no_route)
     co_return co_await refuse(Problem{404, "no-route", "Not found", "no route matches this path"});
   const config::Route& route = *m.route;
