@@ -1,0 +1,285 @@
+// `fencegate elect` and `fencegate leader` end to end: the real binary, a real etcd, and for the
+// activation barrier either a recording HTTP server or a real `fencegate serve`.
+#include <doctest/doctest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/election/etcd_harness.h"
+#include "tests/support/http_client.h"
+#include "tests/support/upstream.h"
+
+using namespace fencegate::testing;
+using json = nlohmann::json;
+
+namespace {
+
+CommandResult leader_of(const EtcdServer& etcd, const std::string& election) {
+  return run_command({kFencegate, "leader", "--etcd", etcd.url(), "--election", election}, 10s);
+}
+
+std::string both_logs(const Contender& a, const Contender* b = nullptr) {
+  std::string s = "--- " + a.name + " log:\n" + a.log();
+  if (b) s += "--- " + b->name + " log:\n" + b->log();
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("elect/leader: bad flags exit 2 with a message; --help exits 0") {
+  auto r = run_command({kFencegate, "elect", "--etcd", "http://127.0.0.1:2379", "--election", "x"}, 10s);
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("a command is required after --") != std::string::npos);
+  r = run_command({kFencegate, "elect", "--etcd", "ftp://x", "--election", "x", "--ttl", "1", "--", "true"}, 10s);
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("--ttl: must be an integer in 2..3600") != std::string::npos);
+  CHECK(r.err.find("--etcd") != std::string::npos);
+  r = run_command({kFencegate, "elect", "--bogus", "--", "true"}, 10s);
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("unknown flag \"--bogus\"") != std::string::npos);
+  r = run_command({kFencegate, "elect", "--help"}, 10s);
+  CHECK(r.code() == 0);
+  CHECK(r.out.find("FENCING_TOKEN") != std::string::npos);
+  r = run_command({kFencegate, "leader", "--election", "x"}, 10s);
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("--etcd: required") != std::string::npos);
+  r = run_command({kFencegate, "leader", "--help"}, 10s);
+  CHECK(r.code() == 0);
+  // Unreachable etcd: 1 for both.
+  const std::string dead = "http://127.0.0.1:" + std::to_string(free_port());
+  r = run_command({kFencegate, "leader", "--etcd", dead, "--election", "x"}, 10s);
+  CHECK(r.code() == 1);
+  r = run_command({kFencegate, "elect", "--etcd", dead, "--election", "x", "--", "true"}, 20s);
+  CHECK(r.code() == 1);
+  CHECK(r.err.find("could not grant a lease") != std::string::npos);
+}
+
+TEST_CASE("elect: the command gets the token in its environment; its exit status is elect's; leader prints it") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+
+  auto none = leader_of(etcd, "billing");
+  CHECK(none.code() == 3);
+  CHECK(none.out.empty());
+
+  Contender a = start_contender(dir.path(), "a", {"--etcd", etcd.url(), "--election", "billing", "--id", "worker-a", "--ttl", "3"});
+  INFO(both_logs(a));
+  REQUIRE(eventually([&] { return a.started_command(); }, 10s));
+  CHECK(read_file(a.file("env")) == "billing worker-a\n");
+  auto l = leader_of(etcd, "billing");
+  REQUIRE(l.code() == 0);
+  json j = json::parse(l.out);
+  CHECK(j == json{{"election", "billing"}, {"leader", "worker-a"}, {"token", a.token()}});
+
+  // The command's status becomes elect's, after it resigned.
+  a.process->kill(SIGTERM);  // passed to the command (sleep dies of it)
+  auto st = a.process->wait_for(10s);
+  REQUIRE(st.has_value());
+  CHECK(st->exited);
+  CHECK(st->code == 128 + SIGTERM);
+  CHECK_FALSE(pid_alive(a.child_pid()));
+  CHECK(leader_of(etcd, "billing").code() == 3);
+  CHECK(a.log().find("\"msg\":\"resigned\"") != std::string::npos);
+
+  auto r = run_command({kFencegate, "elect", "--etcd", etcd.url(), "--election", "billing", "--ttl", "2", "--", "sh",
+                        "-c", "test \"$FENCING_TOKEN\" -gt 0 && exit 7"},
+                       20s);
+  CHECK(r.code() == 7);
+  CHECK(r.err.find("\"level\":\"info\",\"msg\":\"elected\"") != std::string::npos);
+  CHECK(leader_of(etcd, "billing").code() == 3);
+}
+
+TEST_CASE("elect: the command starts only after every fence answered 200 (activation barrier)") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  std::atomic<int> command_ran_before_fence{0};
+  std::string marker = dir.file("a.token");
+  RecordingUpstream fence1([&](const RecordedRequest&) {
+    if (file_exists(marker)) ++command_ran_before_fence;
+    return UpstreamAction::respond(200, 300);  // a slow, durable fence
+  });
+  RecordingUpstream fence2([&](const RecordedRequest&) {
+    if (file_exists(marker)) ++command_ran_before_fence;
+    return UpstreamAction::respond(200, 100);
+  });
+  Contender a = start_contender(dir.path(), "a",
+                                {"--etcd", etcd.url(), "--election", "ledger", "--id", "worker-a", "--ttl", "3",
+                                 "--fence", fence1.url() + "/v1/resources/ledger", "--fence",
+                                 fence2.url() + "/v1/resources/journal/"});
+  INFO(both_logs(a));
+  REQUIRE(eventually([&] { return a.started_command(); }, 10s));
+  CHECK(command_ran_before_fence.load() == 0);
+  const auto t = a.token();
+  auto r1 = fence1.requests();
+  auto r2 = fence2.requests();
+  REQUIRE(r1.size() == 1);
+  REQUIRE(r2.size() == 1);
+  CHECK(r1[0].method == "POST");
+  CHECK(r1[0].target == "/v1/resources/ledger/fence");
+  CHECK(r2[0].target == "/v1/resources/journal/fence");
+  CHECK(r1[0].header("Fencing-Token") == std::to_string(t));
+  json body = json::parse(r1[0].body);
+  CHECK(body == json{{"generation", t}, {"leader", "worker-a"}});
+
+  a.process->kill(SIGINT);
+  auto st = a.process->wait_for(10s);
+  REQUIRE(st.has_value());
+  CHECK(st->code == 128 + SIGINT);
+  CHECK(leader_of(etcd, "ledger").code() == 3);
+}
+
+TEST_CASE("elect: a fence that refuses or stays unreachable: resign, exit 76, the command never runs") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  RecordingUpstream refusing([](const RecordedRequest&) { return UpstreamAction::respond(409); });
+  Contender a = start_contender(dir.path(), "a",
+                                {"--etcd", etcd.url(), "--election", "ledger", "--ttl", "3", "--fence",
+                                 refusing.url() + "/v1/resources/ledger"});
+  auto st = a.process->wait_for(15s);
+  INFO(both_logs(a));
+  REQUIRE(st.has_value());
+  CHECK(st->code == 76);
+  CHECK_FALSE(a.started_command());
+  CHECK(refusing.count() == 1);  // a refusal is final: no retry
+  CHECK(leader_of(etcd, "ledger").code() == 3);
+  CHECK(a.log().find("fence refused the token") != std::string::npos);
+
+  Contender b = start_contender(dir.path(), "b",
+                                {"--etcd", etcd.url(), "--election", "ledger", "--ttl", "3", "--fence-timeout-ms",
+                                 "700", "--fence", "http://127.0.0.1:" + std::to_string(free_port()) + "/v1/resources/x"});
+  st = b.process->wait_for(15s);
+  INFO(both_logs(b));
+  REQUIRE(st.has_value());
+  CHECK(st->code == 76);
+  CHECK_FALSE(b.started_command());
+  CHECK(b.log().find("fence unreachable") != std::string::npos);
+  CHECK(leader_of(etcd, "ledger").code() == 3);
+}
+
+TEST_CASE("elect: a SIGSTOPped leader loses to a successor; on SIGCONT its command is stopped at once, exit 75, "
+          "and its stale write is refused") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+
+  // A real fencegate in front of a recording upstream; both contenders fence its resource.
+  RecordingUpstream upstream;
+  const std::uint16_t data_port = free_port(), admin_port = free_port();
+  Process serve = Process::start({kFencegate, "serve", "--listen", "127.0.0.1:" + std::to_string(data_port), "--upstream",
+                                  upstream.url(), "--resource", "ledger", "--db", dir.file("fence.db"),
+                                  "--admin-listen", "127.0.0.1:" + std::to_string(admin_port)},
+                                 ProcessOptions{dir.file("serve.log"), {}, {}});
+  REQUIRE_MESSAGE(serve.wait_for_port(data_port), read_file(dir.file("serve.log")));
+  REQUIRE(serve.wait_for_port(admin_port));
+  const std::string fence = "http://127.0.0.1:" + std::to_string(admin_port) + "/v1/resources/ledger";
+  auto generation = [&] {
+    auto r = request(admin_port, "GET", "/v1/resources/ledger");
+    if (r.code() != 200) return std::int64_t{0};
+    return json::parse(r.response.body).value("generation", std::int64_t{0});
+  };
+
+  auto flags = [&](const std::string& id) {
+    return std::vector<std::string>{"--etcd", etcd.url(), "--election", "ledger", "--id", id, "--ttl", "2",
+                                    "--grace-ms", "1000", "--fence", fence};
+  };
+  Contender a = start_contender(dir.path(), "a", flags("worker-a"));
+  INFO(both_logs(a));
+  REQUIRE(eventually([&] { return a.started_command(); }, 10s));
+  const std::int64_t ta = a.token();
+  CHECK(generation() == ta);  // fenced before the command ran
+  const pid_t a_child = a.child_pid();
+  REQUIRE(pid_alive(a_child));
+  CHECK(request(data_port, "POST", "/charge", {{"Fencing-Token", std::to_string(ta)}}).code() == 200);
+
+  Contender b = start_contender(dir.path(), "b", flags("worker-b"));
+  std::this_thread::sleep_for(1000ms);
+  CHECK_FALSE(b.started_command());  // waiting in line
+
+  // A pauses (a GC, a VM suspend) beyond its 2 s lease; B takes over with a higher token.
+  a.process->kill(SIGSTOP);
+  const auto stopped_at = Clock::now();
+  bool b_won = eventually([&] { return b.started_command(); }, 10s);
+  INFO(both_logs(a, &b));
+  REQUIRE(b_won);
+  const std::int64_t tb = b.token();
+  CHECK(tb > ta);
+  CHECK(generation() == tb);
+  MESSAGE("B took over ", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at).count(),
+          " ms after A was stopped");
+  CHECK(pid_alive(a_child));  // A's command ran on during the pause (that is what the fence is for)
+  std::this_thread::sleep_for(500ms);
+
+  // A resumes: its clock says the lease deadline has long passed.
+  const auto resumed_at = Clock::now();
+  a.process->kill(SIGCONT);
+  bool gone = eventually([&] { return !pid_alive(a_child); }, 3s);
+  const auto gone_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - resumed_at).count();
+  MESSAGE("A's command was gone ", gone_ms, " ms after SIGCONT");
+  CHECK(gone);
+  CHECK(gone_ms < 1000);
+  auto st = a.process->wait_for(10s);
+  REQUIRE(st.has_value());
+  CHECK(st->exited);
+  CHECK(st->code == 75);
+  CHECK(a.log().find("leadership lost: stopping the command") != std::string::npos);
+
+  // Whatever A's command had still queued is refused by the fence.
+  auto stale = request(data_port, "POST", "/charge", {{"Fencing-Token", std::to_string(ta)}});
+  CHECK(stale.code() == 409);
+  CHECK(request(data_port, "POST", "/charge", {{"Fencing-Token", std::to_string(tb)}}).code() == 200);
+
+  auto l = leader_of(etcd, "ledger");
+  REQUIRE(l.code() == 0);
+  CHECK(json::parse(l.out) == json{{"election", "ledger"}, {"leader", "worker-b"}, {"token", tb}});
+  CHECK(b.process->running());
+  b.process->kill(SIGTERM);
+  auto bs = b.process->wait_for(10s);
+  REQUIRE(bs.has_value());
+  CHECK(bs->code == 128 + SIGTERM);
+  serve.stop();
+}
+
+TEST_CASE("elect: the lease survives an etcd restart within the TTL; leadership is lost when etcd stays down") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  Contender a = start_contender(dir.path(), "a",
+                                {"--etcd", etcd.url(), "--election", "ledger", "--id", "worker-a", "--ttl", "6",
+                                 "--grace-ms", "1000"});
+  INFO(both_logs(a));
+  REQUIRE(eventually([&] { return a.started_command(); }, 10s));
+  const std::int64_t ta = a.token();
+  const pid_t child = a.child_pid();
+
+  // Restart etcd (same data dir and ports) well within the 6 s TTL.
+  const auto down_at = Clock::now();
+  etcd.stop();
+  FG_START_ETCD(etcd);
+  MESSAGE("etcd was down for ", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - down_at).count(), " ms");
+  std::this_thread::sleep_for(5s);  // past the deadline the pre-restart renewals gave
+  CHECK(a.process->running());
+  CHECK(pid_alive(child));
+  auto l = leader_of(etcd, "ledger");
+  REQUIRE(l.code() == 0);
+  CHECK(json::parse(l.out)["token"] == ta);
+  CHECK(a.log().find("jeopardy") == std::string::npos);
+
+  // Now etcd stays down: by the local deadline (last renewal sent + 6 s - 1.2 s) the command is
+  // stopped and elect exits 75.
+  const auto stop_at = Clock::now();
+  etcd.stop();
+  CHECK(eventually([&] { return !pid_alive(child); }, 8s));
+  const auto gone_ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stop_at).count();
+  MESSAGE("command stopped ", gone_ms, " ms after etcd went down");
+  CHECK(gone_ms <= 4800 + 200);  // never later than the deadline (+ scheduling slack)
+  auto st = a.process->wait_for(10s);
+  REQUIRE(st.has_value());
+  CHECK(st->code == 75);
+}
