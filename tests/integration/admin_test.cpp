@@ -365,6 +365,8 @@ TEST_CASE("admin: fence drains: it returns only after an older in-flight write c
   check_problem(request(px.port(), "POST", "/late", token(1)), 409, "ledger", 1, 2);
   auto ss = parse_prometheus(metrics_text(admin));
   CHECK(sample(ss, "fencegate_drain_waits_total").value_or(0) >= 1);
+  CHECK(sample(ss, "fencegate_drain_wait_seconds_count").value_or(0) >= 1);
+  CHECK(sample(ss, "fencegate_drain_wait_seconds_sum").value_or(0) >= 0.5);
 }
 
 }  // TEST_SUITE admin_fence
@@ -671,3 +673,204 @@ TEST_CASE("admin: `fencegate audit` reads a live sidecar's database, and --follo
 }
 
 }  // TEST_SUITE admin_cli
+
+TEST_SUITE("admin_api") {
+
+TEST_CASE("admin: readyz turns 503 with the store's reason when it cannot commit; metrics show it") {
+  RecordingUpstream up;
+  ProxySpec s;
+  s.upstream = up.url();
+  s.fsize_limit = 512 * 1024;
+  Proxy px(s);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  REQUIRE(admin_get(admin, "/readyz").code() == 200);
+
+  HttpClient c;
+  bool failed = false;
+  for (std::int64_t g = 1; g <= 4000 && !failed; ++g) {
+    if (!c.connected()) REQUIRE(c.connect(px.port()));
+    auto r = c.request("POST", "/adv/" + std::to_string(g), token(g), "", 15s);
+    REQUIRE(r.ok());
+    failed = r.response.status == 503;
+  }
+  REQUIRE_MESSAGE(failed, "the store never failed; lower fsize_limit");
+  auto rz = admin_get(admin, "/readyz");
+  INFO(describe(rz));
+  CHECK(rz.code() == 503);
+  CHECK(body_json(rz).value("reason", std::string()).find("store") != std::string::npos);
+  CHECK(admin_get(admin, "/healthz").code() == 200);
+  auto ss = parse_prometheus(metrics_text(admin));
+  CHECK(sample(ss, "fencegate_store_ok") == std::optional<double>(0));
+  CHECK(sample(ss, "fencegate_store_commit_failures_total").value_or(0) >= 1);
+  CHECK(sample(ss, "fencegate_requests_total", {{"resource", "default"}, {"decision", "store_error"}}).value_or(0) >= 1);
+}
+
+TEST_CASE("admin: HEAD is answered without a body, so a kept-alive connection stays in step") {
+  RecordingUpstream up;
+  ProxySpec s;
+  s.upstream = up.url();
+  Proxy px(s);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  HttpClient c;
+  REQUIRE(c.connect(admin));
+  REQUIRE(c.send(build_request("HEAD", "/healthz")));
+  auto head = c.read_response(10s, /*expect_no_body=*/true);
+  INFO("HEAD: ", describe(head));
+  CHECK(head.code() == 200);
+  c.stays_silent(300ms);  // collects any bytes that follow the head
+  CHECK_MESSAGE(c.pending().empty(), "bytes after the HEAD response's head: ", c.pending());
+  auto get = c.request("GET", "/readyz");
+  INFO("GET after HEAD on the same connection: ", describe(get), "\nunread: ", c.pending());
+  CHECK(get.code() == 200);
+  CHECK(get.response.version == "HTTP/1.1");
+  CHECK(body_json(get).value("status", std::string()) == "ready");
+}
+
+}  // TEST_SUITE admin_api
+
+TEST_SUITE("admin_auth") {
+
+TEST_CASE("admin: a reload re-reads the token file (rotation)") {
+  RecordingUpstream up;
+  TempDir t("fencegate-admin-token");
+  const std::string tf = t.file("admin.token");
+  write_file(tf, "first-token\n");
+  json cfg = config_with_routes({route("/", up.url(), "ledger")});
+  cfg["admin"] = {{"listen", "127.0.0.1:0"}, {"token_file", tf}};
+  Proxy p(config_spec(cfg));
+  FG_LOG_ON_FAILURE(p);
+  FG_START(p);
+  FG_ADMIN_PORT(admin, p);
+
+  CHECK(admin_get(admin, "/").code() == 401);
+  CHECK(admin_get(admin, "/", bearer("first-token")).code() == 200);
+  write_file(tf, "second-token\n");
+  auto r = request(admin, "POST", "/v1/config/reload", bearer("first-token"));
+  INFO(describe(r));
+  REQUIRE(r.code() == 200);
+  CHECK(admin_get(admin, "/", bearer("second-token")).code() == 200);
+  CHECK(admin_get(admin, "/", bearer("first-token")).code() == 401);
+}
+
+}  // TEST_SUITE admin_auth
+
+TEST_SUITE("admin_audit") {
+
+TEST_CASE("admin: audit retention (--audit-max-rows, --audit-max-age) prunes in the background") {
+  RecordingUpstream up;
+  {
+    ProxySpec s;
+    s.upstream = up.url();
+    s.args = {"--audit-max-rows", "10"};
+    Proxy px(s);
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    FG_ADMIN_PORT(admin, px);
+    HttpClient c;
+    REQUIRE(c.connect(px.port()));
+    for (int i = 0; i < 30; ++i) CHECK(c.request("POST", "/r/" + std::to_string(i)).code() == 428);
+    std::vector<json> rows;
+    bool pruned = eventually(
+        [&] {
+          rows = audit_rows(admin, "?limit=1000");
+          return rows.size() <= 10;
+        },
+        10s);
+    INFO(json(rows).dump());
+    CHECK(pruned);
+    REQUIRE(rows.size() == 10);
+    CHECK(rows.front()["target"] == "/r/29");  // the newest are kept
+    CHECK(rows.back()["target"] == "/r/20");
+    CHECK(c.request("POST", "/w", token(1)).code() == 200);  // the fast path is unaffected
+  }
+  {
+    ProxySpec s;
+    s.upstream = up.url();
+    s.args = {"--audit-max-age", "2s"};
+    Proxy px(s);
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    FG_ADMIN_PORT(admin, px);
+    for (int i = 0; i < 5; ++i) CHECK(request(px.port(), "POST", "/old/" + std::to_string(i)).code() == 428);
+    CHECK(audit_rows(admin, "").size() == 5);
+    std::this_thread::sleep_for(2200ms);
+    CHECK(request(px.port(), "POST", "/fresh").code() == 428);
+    std::vector<json> rows;
+    bool pruned = eventually(
+        [&] {
+          rows = audit_rows(admin, "");
+          return rows.size() == 1;
+        },
+        10s);
+    INFO(json(rows).dump());
+    CHECK(pruned);
+    CHECK(targets_of(rows) == std::vector<std::string>{"/fresh"});
+  }
+}
+
+}  // TEST_SUITE admin_audit
+
+TEST_SUITE("admin_logs") {
+
+TEST_CASE("admin: logs are JSON lines; every rejection is logged at warn with its context; --log-level") {
+  RecordingUpstream up;
+  ProxySpec s;
+  s.upstream = up.url();
+  Proxy px(s);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  REQUIRE(is_2xx(request(px.port(), "POST", "/a", token(5))));
+  CHECK(request(px.port(), "POST", "/stale", token(4, {{"Fencing-Leader", "zombie"}})).code() == 409);
+  CHECK(request(px.port(), "POST", "/missing", {{"Fencing-Leader", "nobody"}}).code() == 428);
+  CHECK(request(px.port(), "POST", "/bad", {{"Fencing-Token", "1e3"}}).code() == 400);
+  CHECK(fence_call(admin, "default", token(3, {{"Fencing-Leader", "late"}})).code() == 409);
+  px.stop();
+
+  std::istringstream in(px.log(1 << 20));
+  int warn_rejections = 0;
+  std::set<std::string> leaders;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    INFO(line);
+    json j = json::parse(line, nullptr, false);
+    REQUIRE(j.is_object());
+    CHECK(j.contains("ts"));
+    CHECK(j.contains("level"));
+    CHECK(j.contains("msg"));
+    std::string msg = j.value("msg", std::string());
+    if (msg.find("reject") != std::string::npos) {
+      CHECK(j["level"] == "warn");
+      CHECK(j.value("resource", std::string()) == "default");
+      CHECK(j.contains("presented_generation"));
+      CHECK(j.contains("current_generation"));
+      CHECK(j.contains("leader"));
+      leaders.insert(j.value("leader", std::string("?")));
+      ++warn_rejections;
+    }
+  }
+  CHECK(warn_rejections == 4);
+  CHECK(leaders.count("zombie") == 1);
+  CHECK(leaders.count("nobody") == 1);
+  CHECK(leaders.count("late") == 1);
+
+  // --log-level warn: info lines go, rejections stay.
+  ProxySpec q;
+  q.upstream = up.url();
+  q.args = {"--log-level", "warn"};
+  Proxy quiet(q);
+  FG_LOG_ON_FAILURE(quiet);
+  FG_START(quiet);
+  REQUIRE(is_2xx(request(quiet.port(), "POST", "/a", token(5))));
+  CHECK(request(quiet.port(), "POST", "/stale", token(4)).code() == 409);
+  quiet.stop();
+  std::string ql = quiet.log(1 << 20);
+  CHECK(ql.find("\"level\":\"info\"") == std::string::npos);
+  CHECK(ql.find("rejected write") != std::string::npos);
+}
+
+}  // TEST_SUITE admin_logs
