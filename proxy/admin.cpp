@@ -330,7 +330,8 @@ awaitable<void> AdminSession::run() {
     std::string out = "HTTP/1.1 " + std::to_string(rep.status) + " " + reason(rep.status) +
                       "\r\nContent-Type: " + rep.content_type + "\r\nContent-Length: " + std::to_string(rep.body.size()) +
                       "\r\nCache-Control: no-store\r\n" + rep.extra_headers + (keep ? "" : "Connection: close\r\n") +
-                      "\r\n" + rep.body;
+                      "\r\n";
+    if (h.method != "HEAD") out += rep.body;  // HEAD: same headers, no body
     boost::system::error_code ec;
     co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
     if (ec || !keep) co_return;
