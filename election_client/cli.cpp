@@ -202,6 +202,19 @@ int wait_signal(milliseconds timeout) {
   return sig > 0 ? sig : 0;
 }
 
+// Returns true iff the command has exited (or is gone); then SIGKILLs what is left of its
+// process group -- while the group id cannot have been reused, since the leader is not reaped
+// yet -- reaps it and sets *wstatus.
+bool reap_command(pid_t pid, int* wstatus) {
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) return errno == ECHILD;
+  if (info.si_pid != pid) return false;
+  kill(-pid, SIGKILL);  // leftovers of the group lose their authority with the command
+  while (waitpid(pid, wstatus, 0) < 0 && errno == EINTR) {
+  }
+  return true;
+}
+
 int exit_code_of(int wstatus) {
   if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
   if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
@@ -390,12 +403,10 @@ int Elect::stop_command(pid_t pid, int first, bool* have_status) {
   int wstatus = 0;
   *have_status = false;
   for (;;) {
-    pid_t r = waitpid(pid, &wstatus, WNOHANG);
-    if (r == pid) {
+    if (reap_command(pid, &wstatus)) {
       *have_status = true;
       break;
     }
-    if (r < 0 && errno == ECHILD) break;
     if (!killed && Clock::now() >= kill_at) {
       log::warn("command still running after the grace period: SIGKILL", {log::kv("pid", pid), log::kv("grace_ms", f_.grace_ms)});
       kill(-pid, SIGKILL);
@@ -403,7 +414,6 @@ int Elect::stop_command(pid_t pid, int first, bool* have_status) {
     }
     wait_signal(20ms);  // SIGCHLD wakes us early; a second SIGTERM/SIGINT is absorbed here
   }
-  kill(-pid, SIGKILL);  // whatever is left of the group has no authority any more
   return wstatus;
 }
 
@@ -519,8 +529,7 @@ int Elect::run() {
     Clock::time_point kill_at{};
     while (!exited) {
       int sig = wait_signal(50ms);
-      pid_t r = waitpid(pid, &wstatus, WNOHANG);
-      if (r == pid || (r < 0 && errno == ECHILD)) {
+      if (reap_command(pid, &wstatus)) {
         exited = true;
         break;
       }
@@ -547,7 +556,6 @@ int Elect::run() {
         kill_at = Clock::time_point::max();
       }
     }
-    if (exited) kill(-pid, SIGKILL);  // leftovers of the group lose their authority with us
 
     // --- 5. Resign and revoke.
     if (lost) {

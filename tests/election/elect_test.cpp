@@ -283,3 +283,45 @@ TEST_CASE("elect: the lease survives an etcd restart within the TTL; leadership 
   REQUIRE(st.has_value());
   CHECK(st->code == 75);
 }
+
+TEST_CASE("elect: --recampaign starts a new term after the lease is lost; leftovers of the command's group are killed") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  Contender a = start_contender(dir.path(), "a",
+                                {"--etcd", etcd.url(), "--election", "jobs", "--id", "worker-a", "--ttl", "2",
+                                 "--grace-ms", "500", "--recampaign"});
+  INFO(both_logs(a));
+  REQUIRE(eventually([&] { return a.started_command(); }, 10s));
+  const std::int64_t t1 = a.token();
+  const pid_t child1 = a.child_pid();
+
+  // Someone revokes the lease: the keepalive finds it gone, the command is stopped, and elect
+  // campaigns again with a new lease -- a new term with a higher token.
+  fencegate::election::Client c(client_options(etcd));
+  fencegate::election::KeyValue kv;
+  REQUIRE(c.leader("jobs", &kv).ok());
+  REQUIRE(c.revoke(kv.lease, 2s).ok());
+  REQUIRE(eventually([&] { return !pid_alive(child1); }, 3s));
+  REQUIRE(eventually([&] { return a.started_command() && a.token() > t1; }, 10s));
+  CHECK(a.process->running());
+  CHECK(pid_alive(a.child_pid()));
+  CHECK(a.log().find("campaigning again (--recampaign)") != std::string::npos);
+  a.process->kill(SIGTERM);
+  auto st = a.process->wait_for(10s);
+  REQUIRE(st.has_value());
+  CHECK(st->code == 128 + SIGTERM);
+
+  // A background process the command left behind does not outlive its authority.
+  const std::string bg = dir.file("bg.pid");
+  auto r = run_command({kFencegate, "elect", "--etcd", etcd.url(), "--election", "jobs", "--ttl", "2", "--", "sh", "-c",
+                        "sleep 60 & echo $! > '" + bg + "'; exit 0"},
+                       20s);
+  CHECK(r.code() == 0);
+  const std::string bgpid = read_file(bg);
+  REQUIRE_FALSE(bgpid.empty());
+  const pid_t p = static_cast<pid_t>(std::stol(bgpid));
+  // sleep was re-parented to init (or a subreaper); give it a moment to be reaped.
+  CHECK(eventually([&] { return !pid_alive(p); }, 3s));
+}

@@ -58,8 +58,15 @@ inline bool file_exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
-// Returns true iff a process with this pid exists (zombies count as existing).
-inline bool pid_alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+// Returns true iff a process with this pid exists and is not a zombie (an orphan's zombie may
+// wait for a PID 1 that does not reap).
+inline bool pid_alive(pid_t pid) {
+  if (pid <= 0 || (::kill(pid, 0) != 0 && errno != EPERM)) return false;
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  std::size_t close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return true;
+  return stat[close + 2] != 'Z' && stat[close + 2] != 'X';
+}
 
 class EtcdServer {
  public:
