@@ -1,47 +1,106 @@
 #!/usr/bin/env bash
-# Builds fencegate and runs `fencegate serve` on its embedded default (flag-only form: one route
-# "/" -> a ledger upstream, resource "default", mode enforce), then walks through the failure the
-# product exists for: an old leader's delayed write after a new leader took over. Cleans up.
+# The README's first command: builds fencegate and plays the failure it exists for, live.
+#
+# A real etcd on loopback, a small ledger upstream, `fencegate serve` in front of it (its embedded
+# default: flag-only form, one route "/" -> the ledger, resource "ledger", enforce mode), and two
+# `fencegate elect` workers running the daily billing job. Worker A is elected and fences the
+# ledger; A is paused (SIGSTOP) past its lease, as in a GC pause; B is elected with a higher token,
+# fences the ledger and charges the rest; A resumes and its charge is rejected with 409, and its job
+# is stopped when it notices it lost the lease. The audit log shows the rejected write; the ledger
+# shows each customer charged exactly once. Cleans up after itself; exits 0 iff that all held.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build --target fencegate
+if ! command -v etcd >/dev/null; then
+  echo "demo: etcd is missing; install it with: apt-get install etcd-server (scripts/setup.sh does)" >&2
+  exit 1
+fi
 
+fg=$PWD/build/fencegate
 work=$(mktemp -d /tmp/fencegate-demo.XXXXXX)
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-up_port=$(free_port); fg_port=$(free_port)
+etcd_port=$(free_port); peer_port=$(free_port); up_port=$(free_port); fg_port=$(free_port); admin_port=$(free_port)
+etcd_url="http://127.0.0.1:$etcd_port"; ledger="http://127.0.0.1:$fg_port"; admin="http://127.0.0.1:$admin_port"
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+cleanup() {
+  for p in "${pids[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
 trap cleanup EXIT
 
-python3 examples/ledger_upstream.py "$up_port" & pids+=($!)
-for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$up_port/ledger" && break; sleep 0.05; done
-./build/fencegate serve --listen "127.0.0.1:$fg_port" --upstream "http://127.0.0.1:$up_port" \
-  --db "$work/fence.db" 2>"$work/fencegate.log" & pids+=($!)
-for _ in $(seq 100); do curl -sf -o /dev/null "http://127.0.0.1:$fg_port/ledger" && break; sleep 0.05; done
-
 say() { printf '\n\033[1m%s\033[0m\n' "$*"; }
-charge() { # leader token customer
-  local code
-  code=$(curl -s -o "$work/body" -w '%{http_code}' -X POST -H "Fencing-Token: $2" -H "Fencing-Leader: $1" \
-    --data "charge $3" "http://127.0.0.1:$fg_port/charges/$3")
-  printf '  %-9s token %-3s POST /charges/%-6s -> %s  %s\n' "$1" "$2" "$3" "$code" "$(tr -d '\n' <"$work/body" | cut -c1-110)"
+wait_for() { # seconds condition...
+  local t=$1; shift
+  for _ in $(seq $((t * 20))); do if "$@"; then return 0; fi; sleep 0.05; done
+  echo "demo: timed out waiting for: $*" >&2; exit 1
+}
+generation() { curl -s "$admin/v1/resources/ledger" | python3 -c 'import json,sys; print(json.load(sys.stdin)["generation"])'; }
+
+etcd --name demo --data-dir "$work/etcd" --listen-client-urls "$etcd_url" --advertise-client-urls "$etcd_url" \
+  --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+  --initial-cluster "demo=http://127.0.0.1:$peer_port" >"$work/etcd.log" 2>&1 & pids+=($!)
+python3 examples/ledger_upstream.py "$up_port" & pids+=($!)
+"$fg" serve --listen "127.0.0.1:$fg_port" --admin-listen "127.0.0.1:$admin_port" --upstream "http://127.0.0.1:$up_port" \
+  --resource ledger --db "$work/fence.db" 2>"$work/fencegate.log" & pids+=($!)
+wait_for 20 curl -sf -o /dev/null "$etcd_url/health"
+wait_for 10 curl -sf -o /dev/null "$ledger/ledger"
+mkdir -p "$work/state"
+
+worker() { # id
+  "$fg" elect --etcd "$etcd_url" --election billing --id "$1" --ttl 2 --fence "$admin/v1/resources/ledger" \
+    -- examples/billing_job.sh "$ledger" "$work/state" alice bob carol dave 2>"$work/$1.log" &
 }
 
-say "1. worker-a is elected with generation 40 and charges alice."
-charge worker-a 40 alice
-say "2. worker-a pauses (GC, VM suspend) past its lease; worker-b is elected with 41 and charges bob."
-charge worker-b 41 bob
-say "3. worker-a wakes up, still believing it leads, and retries alice: the fence rejects it."
-charge worker-a 40 alice
-say "4. A writer without a token is refused too (428); worker-b keeps working (41 == current)."
-curl -s -o /dev/null -w '  no token          POST /charges/carol  -> %{http_code}\n' -X POST --data x "http://127.0.0.1:$fg_port/charges/carol"
-charge worker-b 41 carol
-say "5. The ledger: each customer charged exactly once; the stale retry never arrived."
-curl -s "http://127.0.0.1:$fg_port/ledger" | python3 -m json.tool
-say "6. The durable audit log of refused writes (SQLite, read while the sidecar runs):"
-sqlite3 -header -column "$work/fence.db" \
-  "SELECT decision, resource, presented_generation AS presented, current_generation AS current, method, target, leader FROM audit ORDER BY id"
-say "Done: the stale write never reached the ledger."
+say "1. worker-a campaigns in etcd, wins, and fences the ledger before its billing job starts."
+worker worker-a; a_pid=$!; pids+=($a_pid)
+wait_for 20 test -s "$work/state/worker-a.token"
+a_token=$(cat "$work/state/worker-a.token")
+echo "   worker-a holds token $a_token; the sidecar's generation for 'ledger' is $(generation)."
+say "2. worker-b campaigns too and waits in line."
+worker worker-b; b_pid=$!; pids+=($b_pid)
+wait_for 20 grep -qs "^alice 200" "$work/state/worker-a.log"
+echo "   worker-a charged alice -> 200."
+wait_for 10 grep -qs bob "$work/state/worker-a.charging"
+a_job=$(pgrep -P "$a_pid" | head -n1)
+kill -STOP "$a_pid"; kill -STOP -- "-$a_job" 2>/dev/null || kill -STOP "$a_job"
+say "3. worker-a is about to charge bob when it pauses (SIGSTOP, like a long GC pause) past its 2 s lease."
+wait_for 30 test -s "$work/state/worker-b.token"
+b_token=$(cat "$work/state/worker-b.token")
+echo "   etcd expired worker-a's lease; worker-b is elected with token $b_token and fenced the ledger:"
+echo "   the sidecar's generation is now $(generation)."
+wait_for 30 grep -qs "^done" "$work/state/worker-b.log"
+sed 's/^/   worker-b charged /; s/ \([0-9]*\)$/ -> \1/' "$work/state/worker-b.log" | grep -v "charged done"
+say "4. worker-a resumes, still believing it leads, and sends the charge for bob it had prepared."
+kill -CONT -- "-$a_job" 2>/dev/null || kill -CONT "$a_job"; kill -CONT "$a_pid"
+set +e
+wait "$a_pid"; a_exit=$?
+set -e
+if grep -q "^bob " "$work/state/worker-a.log" 2>/dev/null; then
+  echo "   worker-a's job: $(grep '^bob ' "$work/state/worker-a.log" | sed 's/ / -> /')"
+else
+  # elect stopped the job before its curl ran; the request it had prepared still arrives late.
+  code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Fencing-Token: $a_token" -H "Fencing-Leader: worker-a" \
+    --data "charge bob" "$ledger/charges/bob")
+  echo "   worker-a's delayed charge for bob (token $a_token) -> $code"
+fi
+echo "   fencegate elect noticed the lost lease on resume, stopped worker-a's job and exited $a_exit."
+say "5. The audit log of rejected writes (fencegate audit, read-only while the sidecar runs):"
+"$fg" audit --db "$work/fence.db" | sed 's/^/   /'
+say "6. The ledger: each customer charged exactly once."
+curl -s "$ledger/ledger" | python3 -c '
+import json, sys, collections
+rows = json.load(sys.stdin)["ledger"]
+for r in rows: print("   %-16s token %-3s by %s" % (r["target"], r["token"], r["leader"]))
+counts = collections.Counter(r["target"] for r in rows)
+bad = {t: n for t, n in counts.items() if n != 1}
+want = {"/charges/" + c for c in ("alice", "bob", "carol", "dave")}
+if bad or set(counts) != want:
+    print("   NOT exactly once:", bad or sorted(want - set(counts))); sys.exit(1)'
+[ "$a_exit" -eq 75 ] || { echo "demo: worker-a should have exited 75 (lost leadership), got $a_exit" >&2; exit 1; }
+"$fg" audit --db "$work/fence.db" --json --decision rejected_stale | grep -q '"leader":"worker-a"' ||
+  { echo "demo: the rejected write is missing from the audit log" >&2; exit 1; }
+say "Done: the stale leader's write never reached the ledger."
