@@ -1,0 +1,755 @@
+#!/usr/bin/env python3
+"""fencegate benchmark: fencegate vs nginx vs HAProxy, side by side in one run, on loopback.
+
+Run it through bench/run.sh (which installs nginx, haproxy and wrk and builds fencegate if
+needed); see bench/README.md for what is measured and how. Standard library only.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+TOKEN = "7"  # the generation every load request presents (valid and equal in enforce mode)
+
+
+def env_int(name, default):
+    v = os.environ.get(name, "")
+    return int(v) if v.strip() else default
+
+
+def env_float(name, default):
+    v = os.environ.get(name, "")
+    return float(v) if v.strip() else default
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Procs:
+    """Every process the benchmark starts, so that all of them are stopped at the end."""
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.procs = []  # (name, Popen)
+
+    def start(self, name, argv, cpu=None, stdin=subprocess.DEVNULL, stdout=None, env=None):
+        logpath = os.path.join(self.tmp, f"{name}.log")
+        out = open(logpath, "ab") if stdout is None else stdout
+        pre = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+        p = subprocess.Popen(argv, stdin=stdin, stdout=out, stderr=open(logpath, "ab"), preexec_fn=pre,
+                             env=env, cwd=self.tmp)
+        self.procs.append((name, p))
+        return p
+
+    def stop(self, p, timeout=15):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs = [(n, q) for (n, q) in self.procs if q is not p]
+
+    def stop_all(self):
+        for _, p in reversed(list(self.procs)):
+            self.stop(p, timeout=10)
+
+
+def wait_port(port, proc, name, timeout=15):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{name} did not listen on {port} within {timeout}s")
+
+
+def http(port, method, path, token=None, body=b"0123456789abcdef", timeout=10):
+    """One request on a fresh connection; returns (status, headers dict lower-cased)."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+    if token is not None:
+        head += f"Fencing-Token: {token}\r\n"
+    head += f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(head.encode() + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        raw_head, _, rest = data.partition(b"\r\n\r\n")
+        lines = raw_head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        # Read the body by its length: not every server closes after "Connection: close".
+        want = int(headers.get("content-length", "0"))
+        while len(rest) < want:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+    return status, headers
+
+
+def pss_kb(pids):
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def status_kb(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def children(pid):
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def cpu_ticks(pids):
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+        except OSError:
+            pass
+    return total
+
+
+def parse_kv(line):
+    return {k: (float(v) if re.fullmatch(r"-?[0-9.]+", v) else v) for k, v in re.findall(r"(\w+)=(\S+)", line)}
+
+
+def human_bytes(n):
+    if n >= 2**30 and n % 2**30 == 0:
+        return f"{n // 2**30} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def machine_info(tmp):
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = ""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) // 1024 // 1024} GiB"
+    fstype = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", tmp], capture_output=True, text=True).stdout.strip()
+    if not fstype:
+        fstype = subprocess.run(["stat", "-f", "-c", "%T", tmp], capture_output=True, text=True).stdout.strip()
+    return {"nproc": os.cpu_count(), "cpu": cpu, "kernel": platform.release(), "mem": mem, "tmp_fs": fstype}
+
+
+def tool_versions(fencegate):
+    def first_line(argv):
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            return (r.stdout + r.stderr).strip().splitlines()[0]
+        except Exception as e:  # noqa: BLE001 - informational only
+            return f"? ({e})"
+
+    git = lambda *a: subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    build_type = "?"
+    cache = os.path.join(os.path.dirname(os.path.abspath(fencegate)), "CMakeCache.txt")
+    if os.path.exists(cache):
+        m = re.search(r"^CMAKE_BUILD_TYPE:STRING=(.*)$", open(cache).read(), re.M)
+        build_type = m.group(1) if m else "?"
+    mtime = datetime.datetime.fromtimestamp(os.path.getmtime(fencegate), datetime.timezone.utc)
+    return {
+        "fencegate": f"{os.path.relpath(os.path.abspath(fencegate), ROOT)} built {mtime:%Y-%m-%d %H:%M} UTC "
+                     f"({build_type}); repo HEAD {commit}{' with uncommitted changes' if dirty else ''}",
+        "nginx": first_line(["nginx", "-v"]),
+        "haproxy": first_line(["haproxy", "-v"]),
+        "wrk": first_line(["wrk", "-v"]).split("Copyright")[0].strip(),
+    }
+
+
+WRK_LUA = r"""
+-- Same request for every target: POST, %(body)d-byte body, Fencing-Token (non-fencing proxies
+-- just forward it). wrk builds it once; done() prints one machine-readable line.
+wrk.method = "POST"
+wrk.body = string.rep("x", %(body)d)
+wrk.headers["Content-Type"] = "application/octet-stream"
+wrk.headers["Fencing-Token"] = "%(token)s"
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("BENCH requests=%%d duration_us=%%d p50_us=%%d p99_us=%%d p999_us=%%d max_us=%%d status_err=%%d sock_err=%%d\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    latency:percentile(99.9), latency.max, e.status, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.duration = env_int("BENCH_DURATION", 10)
+        self.reps = env_int("BENCH_REPS", 3)
+        self.conns = env_int("BENCH_CONNECTIONS", 32)
+        self.body = env_int("BENCH_BODY_BYTES", 1024)
+        self.warmup = env_int("BENCH_WARMUP", 2)
+        self.adv_ms = env_int("BENCH_ADVANCE_MS", 25)
+        self.adv_seconds = env_int("BENCH_ADVANCE_SECONDS", max(5, 2 * self.duration))
+        self.adv_idle_seconds = env_int("BENCH_ADVANCE_IDLE_SECONDS", 5)
+        self.idle_conns = env_int("BENCH_IDLE_CONNS", 10000)
+        self.upload_bytes = env_int("BENCH_UPLOAD_BYTES", 1 << 30)
+        self.parts = set(args.parts.split(","))
+        allowed = sorted(os.sched_getaffinity(0))
+        self.pin = env_int("BENCH_PIN", 1) != 0 and len(allowed) >= 2
+        self.load_cpu = allowed[0] if self.pin else None
+        self.target_cpu = allowed[1] if self.pin else None
+        self.res = {"throughput": {}, "advance": None, "memory": {}, "upload": None, "checks": []}
+        self.tmp = tempfile.mkdtemp(prefix="fencegate-bench.", dir=os.environ.get("BENCH_TMPDIR") or None)
+        self.procs = Procs(self.tmp)
+
+    # ------------------------------------------------------------------ setup
+
+    def setup(self):
+        # Every process the run starts inherits this niceness: on a shared machine, concurrent
+        # compiles would otherwise take most of each core and the numbers would measure them.
+        self.nice = env_int("BENCH_NICE", -20)
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, self.nice)
+        except OSError as e:
+            log(f"cannot set niceness {self.nice} ({e}); running at {os.getpriority(os.PRIO_PROCESS, 0)}")
+        self.nice = os.getpriority(os.PRIO_PROCESS, 0)
+        self.loadavg_start = open("/proc/loadavg").read().split()[:3]
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        self.nofile = want
+        if self.idle_conns + 200 > self.nofile:
+            log(f"open-file limit {self.nofile}: idle connections reduced from {self.idle_conns}")
+            self.idle_conns = self.nofile - 200
+        # Bench a copy: build/fencegate is rebuilt often. Versions are recorded now, at copy time.
+        self.versions = tool_versions(self.args.fencegate)
+        self.fg = os.path.join(self.tmp, "fencegate")
+        shutil.copy2(self.args.fencegate, self.fg)
+        self.tool = os.path.join(self.tmp, "benchtool")
+        subprocess.run(["cc", "-O2", "-o", self.tool, os.path.join(HERE, "benchtool.c")], check=True)
+        self.lua = os.path.join(self.tmp, "post.lua")
+        with open(self.lua, "w") as f:
+            f.write(WRK_LUA % {"body": self.body, "token": TOKEN})
+        self.up_port = free_port()
+        up = self.procs.start("upstream", [self.tool, "upstream", str(self.up_port)], cpu=self.load_cpu)
+        wait_port(self.up_port, up, "upstream")
+
+    def start_nginx(self, name, worker_connections=4096):
+        d = os.path.join(self.tmp, name)
+        os.makedirs(d)
+        port = free_port()
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(f"""worker_processes 1;
+daemon off;
+master_process on;
+user root;
+pid {d}/nginx.pid;
+error_log {d}/error.log warn;
+worker_rlimit_nofile {self.nofile};
+events {{ worker_connections {worker_connections}; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/body;
+  proxy_temp_path {d}/proxy;
+  fastcgi_temp_path {d}/fastcgi;
+  uwsgi_temp_path {d}/uwsgi;
+  scgi_temp_path {d}/scgi;
+  keepalive_timeout 300s;
+  keepalive_requests 1000000;
+  upstream up {{ server 127.0.0.1:{self.up_port}; keepalive 64; keepalive_requests 1000000; }}
+  server {{
+    listen 127.0.0.1:{port} backlog=4096;
+    location / {{
+      proxy_pass http://up;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }}
+  }}
+}}
+""")
+        p = self.procs.start(name, ["nginx", "-p", d + "/", "-e", f"{d}/error.log", "-c", conf], cpu=self.target_cpu)
+        wait_port(port, p, name)
+        return port, p
+
+    def start_haproxy(self, name):
+        d = os.path.join(self.tmp, name)
+        os.makedirs(d)
+        port = free_port()
+        conf = os.path.join(d, "haproxy.cfg")
+        maxconn = min(4000, (self.nofile - 100) // 2)
+        with open(conf, "w") as f:
+            f.write(f"""global
+  nbthread 1
+  maxconn {maxconn}
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 300s
+  timeout server 300s
+  timeout http-keep-alive 300s
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:{port}
+  default_backend be
+backend be
+  server up 127.0.0.1:{self.up_port}
+""")
+        p = self.procs.start(name, ["haproxy", "-db", "-f", conf], cpu=self.target_cpu)
+        wait_port(port, p, name)
+        return port, p
+
+    def start_fencegate(self, name, mode="enforce", extra=(), routes=None):
+        d = os.path.join(self.tmp, name)
+        os.makedirs(d)
+        port = free_port()
+        if routes is None:
+            argv = [self.fg, "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
+                    f"http://127.0.0.1:{self.up_port}", "--mode", mode, "--db", os.path.join(d, "fence.db"),
+                    "--threads", "1", "--admin-listen", "127.0.0.1:0", "--log-level", "warn", *extra]
+        else:
+            cfg = {"listen": f"127.0.0.1:{port}", "db": os.path.join(d, "fence.db"), "threads": 1,
+                   "log_level": "warn", "admin": {"listen": "127.0.0.1:0"},
+                   "routes": [dict(r, upstream=f"http://127.0.0.1:{self.up_port}") for r in routes]}
+            with open(os.path.join(d, "fencegate.json"), "w") as f:
+                json.dump(cfg, f, indent=1)
+            argv = [self.fg, "serve", "--config", os.path.join(d, "fencegate.json"), *extra]
+        p = self.procs.start(name, argv, cpu=self.target_cpu)
+        wait_port(port, p, name)
+        return port, p, d
+
+    # ------------------------------------------------------------------ wrk
+
+    def wrk(self, port, seconds, path="/bench", name="wrk", pids_fn=None):
+        """One wrk run; with pids_fn also the CPU those processes used, in % of one core."""
+        t0 = cpu_ticks(pids_fn()) if pids_fn else 0
+        w0 = time.time()
+        argv = ["wrk", "-t1", f"-c{self.conns}", f"-d{seconds}s", "--latency", "-s", self.lua,
+                f"http://127.0.0.1:{port}{path}"]
+        pre = (lambda: os.sched_setaffinity(0, {self.load_cpu})) if self.pin else None
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, preexec_fn=pre)
+        with open(os.path.join(self.tmp, f"{name}.log"), "a") as f:
+            f.write(r.stdout + r.stderr)
+        m = re.search(r"^BENCH .*$", r.stdout, re.M)
+        if r.returncode != 0 or not m:
+            raise RuntimeError(f"wrk failed ({r.returncode}): {r.stdout[-500:]} {r.stderr[-500:]}")
+        kv = parse_kv(m.group(0))
+        kv["rps"] = kv["requests"] / (kv["duration_us"] / 1e6)
+        if pids_fn:
+            kv["cpu_pct"] = 100.0 * (cpu_ticks(pids_fn()) - t0) / os.sysconf("SC_CLK_TCK") / (time.time() - w0)
+        return kv
+
+    # ------------------------------------------------------------------ parts
+
+    def check(self, what, ok):
+        self.res["checks"].append((what, ok))
+        if not ok:
+            log(f"CHECK FAILED: {what}")
+
+    def throughput(self):
+        targets = [("direct", self.up_port)]
+        up = [p for n, p in self.procs.procs if n == "upstream"][0]
+        pids = {"direct": lambda: [up.pid]}
+        port, ng = self.start_nginx("nginx")
+        targets.append(("nginx", port))
+        pids["nginx"] = lambda: [ng.pid] + children(ng.pid)
+        port, ha = self.start_haproxy("haproxy")
+        targets.append(("haproxy", port))
+        pids["haproxy"] = lambda: [ha.pid]
+        for mode in ("enforce", "observe", "off"):
+            port, fg, _ = self.start_fencegate(f"fencegate-{mode}", mode=mode)
+            targets.append((f"fencegate-{mode}", port))
+            pids[f"fencegate-{mode}"] = (lambda fg=fg: [fg.pid])
+        ports = dict(targets)
+        # Sanity: every target answers, and the fenced ones really fence (speed must never come
+        # from skipping the fence).
+        for name, port in targets:
+            st, h = http(port, "POST", "/bench", token=TOKEN)
+            self.check(f"{name}: POST with token {TOKEN} -> 200 (got {st})", st == 200)
+        st, h = http(ports["fencegate-enforce"], "POST", "/bench", token=str(int(TOKEN) - 1))
+        self.check(f"fencegate-enforce: stale token -> 409 (got {st})", st == 409)
+        st, h = http(ports["fencegate-enforce"], "POST", "/bench", token=None)
+        self.check(f"fencegate-enforce: no token -> 428 (got {st})", st == 428)
+        st, h = http(ports["fencegate-observe"], "POST", "/bench", token=str(int(TOKEN) - 1))
+        self.check(f"fencegate-observe: stale token -> 200 + Fencing-Observe (got {st}, "
+                   f"{h.get('fencing-observe')})", st == 200 and "fencing-observe" in h)
+        for name, port in targets:
+            log(f"warm-up {name} ({self.warmup}s)")
+            self.wrk(port, self.warmup, name=f"warmup-{name}")
+        runs = {name: [] for name, _ in targets}
+        for rep in range(self.reps):
+            # Rotate the order each repetition so a slow phase of the machine hits every target.
+            order = targets[rep % len(targets):] + targets[:rep % len(targets)]
+            for name, port in order:
+                kv = self.wrk(port, self.duration, name=f"wrk-{name}", pids_fn=pids[name])
+                runs[name].append(kv)
+                log(f"rep {rep + 1}/{self.reps} {name:18} {kv['rps']:9.0f} req/s  cpu {kv['cpu_pct']:4.0f}%"
+                    f"  p50 {kv['p50_us'] / 1000:6.2f} ms"
+                    f"  p99 {kv['p99_us'] / 1000:6.2f} ms  p99.9 {kv['p999_us'] / 1000:6.2f} ms"
+                    + (f"  ERRORS status={kv['status_err']:.0f} socket={kv['sock_err']:.0f}"
+                       if kv["status_err"] or kv["sock_err"] else ""))
+        for name, _ in targets:
+            rs = runs[name]
+            self.res["throughput"][name] = {
+                "rps": statistics.median(r["rps"] for r in rs),
+                "p50_ms": statistics.median(r["p50_us"] for r in rs) / 1000,
+                "p99_ms": statistics.median(r["p99_us"] for r in rs) / 1000,
+                "p999_ms": statistics.median(r["p999_us"] for r in rs) / 1000,
+                "errors": sum(r["status_err"] + r["sock_err"] for r in rs),
+                "cpu_pct": statistics.median(r["cpu_pct"] for r in rs),
+                "cpu_us_per_req": statistics.median(r["cpu_pct"] / 100 / r["rps"] * 1e6 for r in rs),
+                "runs": [round(r["rps"]) for r in rs],
+            }
+        best = max(v["rps"] for n, v in self.res["throughput"].items() if n != "direct")
+        self.check(f"load side not the bottleneck: best proxy {best:.0f} req/s < 0.7 x direct "
+                   f"{self.res['throughput']['direct']['rps']:.0f} req/s", best < 0.7 * self.res["throughput"]["direct"]["rps"])
+        for name, _ in targets:
+            if name.startswith("fencegate"):
+                self.check(f"{name}: no non-2xx or socket errors under load", self.res["throughput"][name]["errors"] == 0)
+        for p in [p for n, p in list(self.procs.procs) if n != "upstream"]:
+            self.procs.stop(p)
+
+    def advance(self):
+        # Resource "load" takes the wrk load with a valid, equal token; resource "adv" gets the
+        # sequential advances. Fencing is per resource, so wrk's token stays current (no 409s
+        # change the load), while every advance pays the full path: proxy thread under load,
+        # the store thread's durable commit (fdatasync), then the upstream exchange.
+        port, p, d = self.start_fencegate("fencegate-advance", routes=[
+            {"prefix": "/", "resource": "load", "mode": "enforce"},
+            {"prefix": "/adv/", "resource": "adv", "mode": "enforce"}])
+        st, _ = http(port, "POST", "/bench", token=TOKEN)
+        self.check(f"advance instance: load POST -> 200 (got {st})", st == 200)
+        # Baseline without load: the same advances and raw syncs, nothing else on fencegate.
+        log(f"advancing resource 'adv' every {self.adv_ms} ms for {self.adv_idle_seconds}s without load")
+        r0 = subprocess.run([self.tool, "advance", str(port), "/adv/x", "1", str(self.adv_ms), str(self.adv_idle_seconds), d],
+                            capture_output=True, text=True, timeout=self.adv_idle_seconds + 60,
+                            preexec_fn=(lambda: os.sched_setaffinity(0, {self.load_cpu})) if self.pin else None)
+        if r0.returncode != 0:
+            raise RuntimeError(f"advance tool failed: {r0.stdout} {r0.stderr}")
+        a0 = parse_kv(r0.stdout)
+        self.check(f"advances without load all 200 ({a0['ok']:.0f}/{a0['n']:.0f})", a0["bad"] == 0)
+        self.wrk(port, self.warmup, name="warmup-advance")
+        wrk_seconds = self.adv_seconds + 2
+        pre = (lambda: os.sched_setaffinity(0, {self.load_cpu})) if self.pin else None
+        wrk = subprocess.Popen(["wrk", "-t1", f"-c{self.conns}", f"-d{wrk_seconds}s", "-s", self.lua,
+                                f"http://127.0.0.1:{port}/bench"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, preexec_fn=pre)
+        self.procs.procs.append(("wrk-advance", wrk))
+        time.sleep(1)
+        log(f"advancing resource 'adv' every {self.adv_ms} ms for {self.adv_seconds}s under wrk load")
+        r = subprocess.run([self.tool, "advance", str(port), "/adv/x", "1000000", str(self.adv_ms), str(self.adv_seconds), d],
+                           capture_output=True, text=True, timeout=self.adv_seconds + 60, preexec_fn=pre)
+        out, _ = wrk.communicate(timeout=wrk_seconds + 60)
+        self.procs.procs = [(n, q) for (n, q) in self.procs.procs if q is not wrk]
+        if r.returncode != 0:
+            raise RuntimeError(f"advance tool failed: {r.stdout} {r.stderr}")
+        a = parse_kv(r.stdout)
+        m = re.search(r"^BENCH .*$", out, re.M)
+        w = parse_kv(m.group(0)) if m else {"requests": 0, "duration_us": 1, "status_err": -1, "sock_err": -1}
+        w_rps = w["requests"] / (w["duration_us"] / 1e6)
+        self.check(f"advances all 200 ({a['ok']:.0f}/{a['n']:.0f})", a["bad"] == 0)
+        self.check("wrk load during advances: no non-2xx or socket errors", w["status_err"] == 0 and w["sock_err"] == 0)
+        self.res["advance"] = {
+            "n": int(a["n"]), "ok": int(a["ok"]), "interval_ms": self.adv_ms,
+            "every_n_requests": round(w_rps * self.adv_ms / 1000),
+            "load_rps": w_rps, "load_errors": w["status_err"] + w["sock_err"],
+            "advance_p50_ms": a["advance_p50_us"] / 1000, "advance_p99_ms": a["advance_p99_us"] / 1000,
+            "advance_max_ms": a["advance_max_us"] / 1000,
+            "fdatasync_p50_ms": a["fdatasync_p50_us"] / 1000, "fdatasync_p99_ms": a["fdatasync_p99_us"] / 1000,
+            "fsync_p50_ms": a["fsync_p50_us"] / 1000, "fsync_p99_ms": a["fsync_p99_us"] / 1000,
+            "sync_n": int(a["fdatasync_n"] + a["fsync_n"]),
+            "idle": {"n": int(a0["n"]), "advance_p50_ms": a0["advance_p50_us"] / 1000,
+                     "advance_p99_ms": a0["advance_p99_us"] / 1000,
+                     "fdatasync_p50_ms": a0["fdatasync_p50_us"] / 1000, "fdatasync_p99_ms": a0["fdatasync_p99_us"] / 1000,
+                     "fsync_p50_ms": a0["fsync_p50_us"] / 1000, "fsync_p99_ms": a0["fsync_p99_us"] / 1000},
+        }
+        self.procs.stop(p)
+
+    def idle_memory(self, name, port, pids_fn):
+        base = pss_kb(pids_fn())
+        idle = self.procs.start(f"idle-{name}", [self.tool, "idle", str(port), str(self.idle_conns), TOKEN],
+                                cpu=self.load_cpu, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        line = idle.stdout.readline().decode()
+        kv = parse_kv(line)
+        time.sleep(1)
+        pss = pss_kb(pids_fn())
+        rss = sum(status_kb(pid, "VmRSS") for pid in pids_fn())
+        idle.stdin.close()
+        idle.wait(60)
+        self.procs.procs = [(n, q) for (n, q) in self.procs.procs if q is not idle]
+        self.check(f"{name}: {self.idle_conns} idle connections all answered 200 ({line.strip()})",
+                   line.startswith("READY") and kv.get("ok") == self.idle_conns)
+        return {"base_pss_mib": base / 1024, "pss_mib": pss / 1024, "rss_mib": rss / 1024,
+                "ok": int(kv.get("ok", 0)), "per_conn_kib": (pss - base) / max(1, self.idle_conns)}
+
+    def memory(self):
+        fg_port, fg, _ = self.start_fencegate("fencegate-idle", extra=["--max-connections", str(self.idle_conns + 100)])
+        http(fg_port, "POST", "/bench", token=TOKEN)
+        log(f"memory: {self.idle_conns} idle keep-alive connections to fencegate")
+        self.res["memory"]["fencegate"] = self.idle_memory("fencegate", fg_port, lambda: [fg.pid])
+        self.procs.stop(fg)
+        ng_port, ng = self.start_nginx("nginx-idle", worker_connections=min(self.nofile - 100, self.idle_conns + 1000))
+        http(ng_port, "POST", "/bench", token=TOKEN)
+        log(f"memory: {self.idle_conns} idle keep-alive connections to nginx")
+        self.res["memory"]["nginx"] = self.idle_memory("nginx", ng_port, lambda: [ng.pid] + children(ng.pid))
+        self.procs.stop(ng)
+
+    def upload(self):
+        port, p, _ = self.start_fencegate("fencegate-upload")
+        http(port, "POST", "/bench", token=TOKEN)
+        base = status_kb(p.pid, "VmHWM")
+        log(f"upload: {self.upload_bytes} bytes through fencegate")
+        pre = (lambda: os.sched_setaffinity(0, {self.load_cpu})) if self.pin else None
+        r = subprocess.run([self.tool, "upload", str(port), "/upload", str(self.upload_bytes), TOKEN],
+                           capture_output=True, text=True, timeout=600, preexec_fn=pre)
+        kv = parse_kv(r.stdout)
+        hwm = status_kb(p.pid, "VmHWM")
+        self.check(f"upload answered 200 with all bytes sent ({r.stdout.strip()})",
+                   kv.get("status") == 200 and kv.get("bytes") == self.upload_bytes)
+        self.res["upload"] = {"bytes": self.upload_bytes, "status": int(kv.get("status", 0)),
+                              "seconds": kv.get("seconds", 0), "mib_per_s": kv.get("mib_per_s", 0),
+                              "hwm_before_mib": base / 1024, "hwm_mib": hwm / 1024}
+        self.procs.stop(p)
+
+    def run(self):
+        try:
+            self.setup()
+            if "throughput" in self.parts:
+                self.throughput()
+            if "advance" in self.parts:
+                self.advance()
+            if "memory" in self.parts:
+                self.memory()
+            if "upload" in self.parts:
+                self.upload()
+        finally:
+            self.loadavg_end = open("/proc/loadavg").read().split()[:3]
+            self.procs.stop_all()
+            keep = os.environ.get("BENCH_KEEP_TMP")
+            if keep:
+                log(f"kept {self.tmp}")
+            else:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # ------------------------------------------------------------------ report
+
+    def targets(self):
+        t = self.res["throughput"]
+        out = []
+        if {"fencegate-enforce", "haproxy", "nginx"} <= t.keys():
+            fg, ha, ng = t["fencegate-enforce"], t["haproxy"], t["nginx"]
+            out.append(("Fenced POST throughput >= 1.0x HAProxy", f"{fg['rps'] / ha['rps']:.2f}x", fg["rps"] >= ha["rps"]))
+            out.append(("Fenced POST throughput >= 1.2x nginx", f"{fg['rps'] / ng['rps']:.2f}x", fg["rps"] >= 1.2 * ng["rps"]))
+            out.append(("fencegate p99 <= HAProxy p99", f"{fg['p99_ms']:.2f} ms vs {ha['p99_ms']:.2f} ms",
+                        fg["p99_ms"] <= ha["p99_ms"]))
+        a = self.res["advance"]
+        if a:
+            raw = min(a["fdatasync_p99_ms"], a["fsync_p99_ms"])
+            out.append(("Advance p99 <= 2x raw sync p99", f"{a['advance_p99_ms']:.2f} ms vs 2 x {raw:.2f} ms",
+                        a["advance_p99_ms"] <= 2 * raw))
+        m = self.res["memory"]
+        if {"fencegate", "nginx"} <= m.keys():
+            out.append((f"{self.idle_conns} idle connections: PSS <= nginx's",
+                        f"{m['fencegate']['pss_mib']:.1f} MiB vs {m['nginx']['pss_mib']:.1f} MiB",
+                        m["fencegate"]["pss_mib"] <= m["nginx"]["pss_mib"]))
+        u = self.res["upload"]
+        if u:
+            out.append((f"{human_bytes(u['bytes'])} streamed upload: peak RSS <= 64 MiB", f"{u['hwm_mib']:.1f} MiB",
+                        u["hwm_mib"] <= 64 and u["status"] == 200))
+        return out
+
+    def report(self, command, started):
+        L = []
+        info = machine_info(self.tmp if os.path.exists(self.tmp) else "/tmp")
+        ver = self.versions
+        title = started.strftime("%Y-%m-%d %H:%M UTC") + (f" — {self.args.note}" if self.args.note else "")
+        L.append(f"## {title}\n")
+        L.append(f"- Command: `{command}`")
+        L.append(f"- Machine: {info['nproc']} CPUs, {info['cpu']}, kernel {info['kernel']}, {info['mem']} RAM; "
+                 f"temp dir on {info['tmp_fs']}")
+        L.append(f"- fencegate: {ver['fencegate']}")
+        L.append(f"- Others: {ver['nginx']}; {ver['haproxy']}; {ver['wrk']}")
+        L.append(f"- Other load on the machine: load average {' '.join(self.loadavg_start)} at start, "
+                 f"{' '.join(self.loadavg_end)} at end; every benchmark process ran at nice {self.nice}")
+        if self.pin:
+            L.append(f"- Placement: proxy under test pinned to CPU {self.target_cpu}; wrk, the upstream and the "
+                     f"bench tools pinned to CPU {self.load_cpu}")
+        else:
+            L.append("- Placement: nothing pinned")
+        L.append(f"- Settings: BENCH_DURATION={self.duration} BENCH_REPS={self.reps} BENCH_CONNECTIONS={self.conns} "
+                 f"BENCH_BODY_BYTES={self.body} BENCH_ADVANCE_MS={self.adv_ms} BENCH_ADVANCE_SECONDS={self.adv_seconds} "
+                 f"BENCH_ADVANCE_IDLE_SECONDS={self.adv_idle_seconds} "
+                 f"BENCH_IDLE_CONNS={self.idle_conns} BENCH_UPLOAD_BYTES={self.upload_bytes} BENCH_NICE={self.nice}")
+        L.append("")
+        t = self.res["throughput"]
+        if t:
+            L.append(f"### Throughput: `wrk -t1 -c{self.conns} -d{self.duration}s`, {self.body}-byte POST, "
+                     f"median of {self.reps}\n")
+            L.append("| target | req/s | p50 ms | p99 ms | p99.9 ms | CPU of its core | CPU µs per request | errors | req/s per run |")
+            L.append("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+            for name, v in t.items():
+                L.append(f"| {name} | {v['rps']:.0f} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['p999_ms']:.2f} | "
+                         f"{v['cpu_pct']:.0f}% | {v['cpu_us_per_req']:.1f} | {v['errors']:.0f} | "
+                         f"{', '.join(str(x) for x in v['runs'])} |")
+            L.append("\n(CPU: the target's processes' user+system time during the run (/proc/PID/stat), in % of one "
+                     "core and per request; for `direct` it is the upstream's, which shares its core with wrk.)\n")
+            L.append("")
+            if {"nginx", "haproxy"} <= t.keys():
+                L.append("| fencegate mode | / nginx req/s | / HAProxy req/s | p99 / HAProxy p99 |")
+                L.append("|---|---:|---:|---:|")
+                for mode in ("enforce", "observe", "off"):
+                    v = t.get(f"fencegate-{mode}")
+                    if v:
+                        L.append(f"| {mode} | {v['rps'] / t['nginx']['rps']:.2f}x | {v['rps'] / t['haproxy']['rps']:.2f}x"
+                                 f" | {v['p99_ms'] / t['haproxy']['p99_ms']:.2f}x |")
+                L.append("")
+        a = self.res["advance"]
+        if a:
+            L.append(f"### Generation advance under load\n")
+            L.append(f"{a['n']} sequential advances of resource `adv` ({a['ok']} answered 200), one every "
+                     f"{a['interval_ms']} ms (about every {a['every_n_requests']} load requests), while wrk loaded "
+                     f"resource `load` on the same fencegate at {a['load_rps']:.0f} req/s ({a['load_errors']:.0f} errors). "
+                     f"Raw syncs ({a['sync_n']}, 4 KiB overwrite + sync, alternately fdatasync and fsync) were "
+                     f"timed halfway between advances, same process, same disk.\n")
+            i = a["idle"]
+            L.append(f"| | under load p50 ms | under load p99 ms | without load p50 ms | without load p99 ms |")
+            L.append("|---|---:|---:|---:|---:|")
+            L.append(f"| advance (POST with token k+1, send to response) | {a['advance_p50_ms']:.2f} | "
+                     f"{a['advance_p99_ms']:.2f} | {i['advance_p50_ms']:.2f} | {i['advance_p99_ms']:.2f} |")
+            L.append(f"| raw fdatasync | {a['fdatasync_p50_ms']:.2f} | {a['fdatasync_p99_ms']:.2f} | "
+                     f"{i['fdatasync_p50_ms']:.2f} | {i['fdatasync_p99_ms']:.2f} |")
+            L.append(f"| raw fsync | {a['fsync_p50_ms']:.2f} | {a['fsync_p99_ms']:.2f} | "
+                     f"{i['fsync_p50_ms']:.2f} | {i['fsync_p99_ms']:.2f} |")
+            L.append(f"\nWithout load: {i['n']} advances over {self.adv_idle_seconds}s on the same instance before "
+                     f"wrk starts (baseline, not a target).\n")
+        m = self.res["memory"]
+        if m:
+            L.append(f"### Memory: {self.idle_conns} idle keep-alive connections (one fenced POST each, then idle)\n")
+            L.append("| | PSS before | PSS with connections | RSS with connections | per connection |")
+            L.append("|---|---:|---:|---:|---:|")
+            for name, v in m.items():
+                who = "nginx (master + worker)" if name == "nginx" else name
+                L.append(f"| {who} | {v['base_pss_mib']:.1f} MiB | {v['pss_mib']:.1f} MiB | {v['rss_mib']:.1f} MiB | "
+                         f"{v['per_conn_kib']:.1f} KiB |")
+            L.append("")
+        u = self.res["upload"]
+        if u:
+            L.append("### Streamed upload through fencegate (enforce, valid token; upstream discards)\n")
+            L.append(f"{human_bytes(u['bytes'])} ({u['bytes']} bytes), Content-Length, status {u['status']}, {u['seconds']:.2f} s "
+                     f"({u['mib_per_s']:.0f} MiB/s); peak RSS (VmHWM) {u['hwm_before_mib']:.1f} MiB before, "
+                     f"**{u['hwm_mib']:.1f} MiB** after.\n")
+        tg = self.targets()
+        if tg:
+            L.append("### Targets (issue 6)\n")
+            L.append("| target | measured | |")
+            L.append("|---|---|---|")
+            for what, measured, ok in tg:
+                L.append(f"| {what} | {measured} | {'met' if ok else '**missed**'} |")
+            L.append("")
+        failed = [w for w, ok in self.res["checks"] if not ok]
+        L.append(f"Sanity checks: {len(self.res['checks']) - len(failed)}/{len(self.res['checks'])} passed"
+                 + ("".join(f"\n- FAILED: {w}" for w in failed) if failed else "") + "\n")
+        return "\n".join(L)
+
+
+RESULTS_HEADER = """# fencegate benchmark results
+
+Produced by `bench/run.sh --write-results` (see [README.md](README.md) for what each number means and
+how it is measured). Newest run last. The machine is small and shared, so absolute numbers move
+between runs; compare ratios within one run.
+
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--fencegate", default=os.path.join(ROOT, "build", "fencegate"), help="binary to bench (copied)")
+    ap.add_argument("--write-results", action="store_true", help="append this run to bench/RESULTS.md")
+    ap.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"), help="results file for --write-results")
+    ap.add_argument("--note", default="", help="label for this run in the results, e.g. 'before arena allocator'")
+    ap.add_argument("--parts", default="throughput,advance,memory,upload", help="comma-separated subset to run")
+    args = ap.parse_args()
+    command = os.environ.get("BENCH_COMMAND") or "python3 bench/bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith("BENCH_")
+                    and k not in ("BENCH_COMMAND",) and v)
+    if envs:
+        command = envs + " " + command
+    started = datetime.datetime.now(datetime.timezone.utc)
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+    b = Bench(args)
+    t0 = time.time()
+    b.run()
+    text = b.report(command, started)
+    print()
+    print(text)
+    log(f"done in {time.time() - t0:.0f}s")
+    if args.write_results:
+        new = not os.path.exists(args.results)
+        with open(args.results, "a") as f:
+            if new:
+                f.write(RESULTS_HEADER)
+            f.write(text + "\n")
+        log(f"appended to {args.results}")
+    failed = [w for w, ok in b.res["checks"] if not ok]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
