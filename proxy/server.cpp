@@ -410,13 +410,26 @@ awaitable<bool> Session::handle(std::size_t head_len) {
   if (!fr.ok) co_return co_await reply(Problem{400, "bad-framing", "Bad request", fr.reason}, false, version, kNoMarks);
   const bool has_body = fr.chunked || (fr.content_length && *fr.content_length > 0);
 
+  // Client keep-alive intent (before we touch the header).
+  bool client_keep_alive = true;
+  {
+    bool close = false, keep = false;
+    for (const auto& f : head.fields)
+      if (iequals(f.name, "Connection"))
+        for_each_token(f.value, [&](std::string_view t) {
+          if (iequals(t, "close")) close = true;
+          if (iequals(t, "keep-alive")) keep = true;
+        });
+    client_keep_alive = version == 11 ? !close : (keep && !close);
+  }
+
   bool expect_continue = false;  // set below, once Expect is validated
   // A request refused before its body was read keeps the connection only if its body is small
   // and Content-Length framed: the body is then read and discarded. Otherwise the connection
   // closes after the reply.
   auto refuse = [&](Problem p, const FenceMarks& m = kNoMarks) -> awaitable<bool> {
-    const bool can_skip =
-        !has_body || (!fr.chunked && !expect_continue && *fr.content_length <= kDiscardLimit);
+    const bool can_skip = client_keep_alive &&
+        (!has_body || (!fr.chunked && !expect_continue && *fr.content_length <= kDiscardLimit));
     if (!co_await reply(p, can_skip, version, m)) co_return false;
     buf_.consume(head_len);
     if (has_body) co_return co_await discard(*fr.content_length);
@@ -466,18 +479,6 @@ awaitable<bool> Session::handle(std::size_t head_len) {
     co_return co_await refuse(Problem{404, "no-route", "Not found", "no route matches this path"});
   const config::Route& route = *m.route;
 
-  // Client keep-alive intent (before we touch the header).
-  bool client_keep_alive = true;
-  {
-    bool close = false, keep = false;
-    for (const auto& f : head.fields)
-      if (iequals(f.name, "Connection"))
-        for_each_token(f.value, [&](std::string_view t) {
-          if (iequals(t, "close")) close = true;
-          if (iequals(t, "keep-alive")) keep = true;
-        });
-    client_keep_alive = version == 11 ? !close : (keep && !close);
-  }
 
   // Fence decision.
   const bool fenced = route.mode != Mode::off && route.is_fenced(head.method);
