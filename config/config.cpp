@@ -366,7 +366,7 @@ bool is_loopback_host(const std::string& host) {
   return false;
 }
 
-const char* const kRouteKeys[] = {"prefix", "upstream", "resource", "mode", "write_methods", "fence_reads"};
+const char* const kRouteKeys[] = {"prefix", "upstream", "resource", "mode", "write_methods", "fence_reads", "authority"};
 
 std::string mode_error(std::string_view got) {
   return "must be one of enforce, observe, off (got " + quote(got) + ")";
@@ -437,6 +437,56 @@ bool get_string(const json& j, const std::string& path, std::string& out,
   return true;
 }
 
+std::string grace_error(std::string_view got) {
+  return "must be an integer between 0 and " + std::to_string(kMaxMs) +
+         " (milliseconds; 0 = the leader's lease TTL) (got " + std::string(got) + ")";
+}
+
+// "authority": {"etcd": ["http://..."], "election": "...", "grace_ms": N}. Values are checked by
+// validate(); here only their JSON types.
+Authority parse_authority(const json& j, const std::string& path, std::vector<std::string>& errors) {
+  Authority a;
+  if (!j.is_object()) {
+    errors.push_back(path + ": must be an object {\"etcd\": [URL, ...], \"election\": NAME} (got " + got(j) + ")");
+    return a;
+  }
+  bool has_etcd = false, has_election = false;
+  for (const auto& [key, v] : j.items()) {
+    std::string fp = path + "." + key;
+    if (key == "etcd") {
+      has_etcd = true;
+      if (v.is_string()) {
+        a.etcd.push_back(v.get<std::string>());
+      } else if (!v.is_array()) {
+        errors.push_back(fp + ": must be an array of etcd URLs such as \"http://127.0.0.1:2379\" (got " + got(v) + ")");
+      } else {
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          std::string s;
+          if (get_string(v[i], fp + "[" + std::to_string(i) + "]", s, errors)) a.etcd.push_back(s);
+        }
+        if (v.empty()) errors.push_back(fp + ": must list at least one etcd URL");
+      }
+    } else if (key == "election") {
+      has_election = true;
+      get_string(v, fp, a.election, errors);
+    } else if (key == "grace_ms") {
+      if (v.is_number_integer() && !v.is_number_unsigned() && v.get<std::int64_t>() >= 0 &&
+          v.get<std::int64_t>() <= kMaxMs) {
+        a.grace = std::chrono::milliseconds(v.get<std::int64_t>());
+      } else if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(kMaxMs)) {
+        a.grace = std::chrono::milliseconds(v.get<std::uint64_t>());
+      } else {
+        errors.push_back(fp + ": " + grace_error(got(v)));
+      }
+    } else {
+      errors.push_back(fp + ": unknown key");
+    }
+  }
+  if (!has_etcd) errors.push_back(path + ".etcd: required");
+  if (!has_election) errors.push_back(path + ".election: required");
+  return a;
+}
+
 Route parse_route(const json& j, const std::string& path, std::vector<std::string>& errors) {
   Route r;
   if (!j.is_object()) {
@@ -475,6 +525,8 @@ Route parse_route(const json& j, const std::string& path, std::vector<std::strin
       } else {
         errors.push_back(fp + ": must be true or false (got " + got(v) + ")");
       }
+    } else if (key == "authority") {
+      r.authority = parse_authority(v, fp, errors);
     } else {
       errors.push_back(fp + ": unknown key");
     }
@@ -653,6 +705,43 @@ bool Route::is_fenced(std::string_view method) const {
   return std::find(write_methods.begin(), write_methods.end(), method) != write_methods.end();
 }
 
+namespace {
+
+// Checks (and normalises) an authority; errors are named under `path` ("routes[0].authority").
+void check_authority(Authority& a, const std::string& path, std::vector<std::string>& errors) {
+  if (a.etcd.empty()) errors.push_back(path + ".etcd: must list at least one etcd URL");
+  std::vector<std::string> norm;
+  for (std::size_t i = 0; i < a.etcd.size(); ++i) {
+    Endpoint ep;
+    if (auto e = parse_upstream(a.etcd[i], ep); !e.empty()) {
+      errors.push_back(path + ".etcd[" + std::to_string(i) + "]: must be an etcd client URL \"http://host:port\" (got " +
+                       quote(a.etcd[i]) + ")");
+      continue;
+    }
+    std::string u = "http://" + ep.to_string();
+    if (std::find(norm.begin(), norm.end(), u) != norm.end()) {
+      errors.push_back(path + ".etcd[" + std::to_string(i) + "]: listed twice (" + quote(a.etcd[i]) + ")");
+      continue;
+    }
+    norm.push_back(std::move(u));
+  }
+  a.etcd = std::move(norm);
+  bool printable = std::all_of(a.election.begin(), a.election.end(), [](char ch) {
+    auto u = static_cast<unsigned char>(ch);
+    return u > 0x20 && u < 0x7f;
+  });
+  if (a.election.empty()) {
+    errors.push_back(path + ".election: must not be empty");
+  } else if (!printable || a.election.size() > 256) {
+    errors.push_back(path + ".election: must be 1..256 printable ASCII characters without spaces (got " +
+                     quote(a.election) + ")");
+  }
+  if (a.grace.count() < 0 || a.grace.count() > kMaxMs)
+    errors.push_back(path + ".grace_ms: " + grace_error(std::to_string(a.grace.count())));
+}
+
+}  // namespace
+
 void validate(Config& c, std::vector<std::string>& errors) {
   // Port 0 is allowed for both listeners: the OS picks a free port and the process logs it.
   if (c.listen.host.empty()) {
@@ -747,7 +836,15 @@ void validate(Config& c, std::vector<std::string>& errors) {
                          quote(r.write_methods[m]) + ")");
       }
     }
+    if (r.authority) check_authority(*r.authority, name + ".authority", errors);
   }
+}
+
+std::string Authority::id() const {
+  std::string s = "etcd=";
+  for (std::size_t i = 0; i < etcd.size(); ++i) s += (i ? "," : "") + etcd[i];
+  s += " election=" + quote(election) + " grace_ms=" + std::to_string(grace.count());
+  return s;
 }
 
 std::vector<std::string> reload_incompatibilities(const Config& current, const Config& next) {
@@ -759,6 +856,21 @@ std::vector<std::string> reload_incompatibilities(const Config& current, const C
   check("db", current.db, next.db);
   check("threads", std::to_string(current.threads), std::to_string(next.threads));
   check("admin.listen", current.admin.listen.to_string(), next.admin.listen.to_string());
+  // Authorities run their own etcd watches, started with the process: which routes have which
+  // authority may not change on reload (routes without one may come and go).
+  auto authorities = [](const Config& c) {
+    std::map<std::string, std::string> m;  // route prefix -> authority id
+    for (const auto& r : c.routes)
+      if (r.authority) m[r.prefix] = r.authority->id();
+    return m;
+  };
+  auto a = authorities(current), b = authorities(next);
+  for (const auto& [prefix, id] : a) {
+    auto it = b.find(prefix);
+    check(("routes[prefix " + quote(prefix) + "].authority").c_str(), id, it == b.end() ? "none" : it->second);
+  }
+  for (const auto& [prefix, id] : b)
+    if (!a.count(prefix)) check(("routes[prefix " + quote(prefix) + "].authority").c_str(), "none", id);
   return errors;
 }
 
@@ -774,7 +886,8 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
   std::vector<std::string> errors;
 
   // 1. Flags, by canonical name ("--threads" -> "10"); the last occurrence wins.
-  std::set<std::string> known = {"--config", "--upstream", "--resource", "--mode"};
+  std::set<std::string> known = {"--config", "--upstream", "--resource", "--mode", "--authority-etcd",
+                                 "--authority-election", "--authority-grace-ms"};
   for (const NumField& f : kNumFields) known.insert(flag_of(f.key));
   for (const StrField& f : kStrFields) known.insert(flag_of(f.key));
   for (const SectionField& f : kSectionFields) known.insert(flag_of(f.key));
@@ -874,6 +987,9 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
   auto upstream = chosen("upstream");
   auto mode = chosen("mode");
   auto resource = chosen("resource");
+  auto auth_etcd = chosen("authority_etcd");
+  auto auth_election = chosen("authority_election");
+  auto auth_grace = chosen("authority_grace_ms");
   if (config_file) {
     if (upstream) {
       errors.push_back(upstream->source + ": cannot be combined with " + config_file->source +
@@ -883,6 +999,12 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
       if (g) {
         errors.push_back(g->source + ": cannot be combined with " + config_file->source +
                          " (each route in the config file sets its own mode and resource)");
+      }
+    }
+    for (const auto& g : {auth_etcd, auth_election, auth_grace}) {
+      if (g) {
+        errors.push_back(g->source + ": cannot be combined with " + config_file->source +
+                         " (each route in the config file sets its own \"authority\")");
       }
     }
   } else if (!upstream) {
@@ -898,6 +1020,39 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
         r.mode = *m;
       } else {
         errors.push_back(mode->source + ": " + mode_error(mode->value));
+      }
+    }
+    if (auth_etcd || auth_election || auth_grace) {
+      if (!auth_etcd) {
+        errors.push_back((auth_election ? auth_election : auth_grace)->source + ": needs " +
+                         flag_of("authority_etcd") + " too (or " + env_of("authority_etcd") + ")");
+      } else if (!auth_election) {
+        errors.push_back(auth_etcd->source + ": needs " + flag_of("authority_election") + " too (or " +
+                         env_of("authority_election") + ")");
+      } else {
+        Authority a;
+        std::string_view csv = auth_etcd->value;
+        while (true) {
+          std::size_t comma = csv.find(',');
+          std::string_view one = csv.substr(0, comma);
+          while (!one.empty() && one.front() == ' ') one.remove_prefix(1);
+          while (!one.empty() && one.back() == ' ') one.remove_suffix(1);
+          if (!one.empty()) a.etcd.emplace_back(one);
+          if (comma == std::string_view::npos) break;
+          csv.remove_prefix(comma + 1);
+        }
+        a.election = auth_election->value;
+        if (auth_grace) {
+          std::int64_t v = -1;
+          const std::string& t = auth_grace->value;
+          auto [ptr, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+          if (t.empty() || ec != std::errc() || ptr != t.data() + t.size() || v < 0 || v > kMaxMs) {
+            errors.push_back(auth_grace->source + ": " + grace_error(quote(t)));
+          } else {
+            a.grace = std::chrono::milliseconds(v);
+          }
+        }
+        r.authority = std::move(a);
       }
     }
     c.routes.push_back(std::move(r));
@@ -927,10 +1082,17 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
       // The flag-only route's fields came from a flag or env variable: name that, not routes[0].
       for (std::size_t i = before; i < errors.size(); ++i) {
         for (const auto& [field, given] : {std::pair{"routes[0].upstream: ", upstream},
-                                           std::pair{"routes[0].resource: ", resource}}) {
+                                           std::pair{"routes[0].resource: ", resource},
+                                           std::pair{"routes[0].authority.etcd", auth_etcd},
+                                           std::pair{"routes[0].authority.election: ", auth_election},
+                                           std::pair{"routes[0].authority.grace_ms: ", auth_grace}}) {
           std::string_view f = field;
           if (given && errors[i].rfind(f, 0) == 0) {
-            errors[i] = given->source + ": " + errors[i].substr(f.size());
+            // "routes[0].authority.etcd[1]: ..." -> "--authority-etcd: ..." (the message quotes the URL).
+            std::string rest = errors[i].substr(f.size());
+            if (rest.rfind(": ", 0) == 0) rest = rest.substr(2);
+            if (rest.rfind("[", 0) == 0 && rest.find("]: ") != std::string::npos) rest = rest.substr(rest.find("]: ") + 3);
+            errors[i] = given->source + ": " + rest;
           }
         }
       }
@@ -955,8 +1117,16 @@ std::string serve_usage() {
        "  --resource NAME        resource fenced by that route (default \"default\")\n"
        "                                                                        env FENCEGATE_RESOURCE\n"
        "  --mode MODE            enforce, observe or off (default enforce)      env FENCEGATE_MODE\n"
-       "  (--upstream, --resource and --mode cannot be combined with --config: the file's routes\n"
-       "   set them.)\n"
+       "  --authority-etcd URLS  flag-only form: comma-separated etcd endpoints (http://host:port)\n"
+       "                         whose election decides who may write (authority-linked fencing)\n"
+       "                                                                        env FENCEGATE_AUTHORITY_ETCD\n"
+       "  --authority-election NAME  the election's name (its keys are NAME/<lease>); both or neither\n"
+       "                                                                        env FENCEGATE_AUTHORITY_ELECTION\n"
+       "  --authority-grace-ms N while etcd is unreachable, accept the leader for at most N ms\n"
+       "                         (if below its lease TTL; default 0 = the TTL), then 503\n"
+       "                                                                        env FENCEGATE_AUTHORITY_GRACE_MS\n"
+       "  (--upstream, --resource, --mode and --authority-* cannot be combined with --config: the\n"
+       "   file's routes set them.)\n"
        "\n"
        "Settings (each also a JSON key of the same name with '_' for '-'):\n";
   auto line = [&](const std::string& flag_arg, const std::string& help, const std::string& def,
@@ -984,11 +1154,20 @@ std::string serve_usage() {
        "  -h, --help                        show this help\n"
        "\n"
        "JSON config file: an object with the keys above (listen, db, threads, ...) and \"routes\",\n"
-       "an array of {\"prefix\", \"upstream\", \"resource\", \"mode\", \"write_methods\", \"fence_reads\"}.\n"
+       "an array of {\"prefix\", \"upstream\", \"resource\", \"mode\", \"write_methods\", \"fence_reads\",\n"
+       "\"authority\"}.\n"
        "prefix and upstream are required; resource defaults to \"default\", mode to \"enforce\",\n"
        "write_methods to [\"POST\",\"PUT\",\"PATCH\",\"DELETE\"], fence_reads to false. A prefix may\n"
        "capture whole path segments, e.g. \"/tenants/{tenant}/\" with resource \"tenant-{tenant}\";\n"
-       "the longest matching prefix wins. Unknown keys are errors, also inside \"admin\" and \"audit\".\n"
+       "the longest matching prefix wins. Unknown keys are errors, also inside \"admin\", \"audit\"\n"
+       "and \"authority\".\n"
+       "\"authority\": {\"etcd\": [\"http://127.0.0.1:2379\"], \"election\": \"billing\", \"grace_ms\": 0}\n"
+       "admits only the generation of the election's current leader key (its create_revision):\n"
+       "other generations get 409 (rejected_stale, rejected_not_leader,\n"
+       "rejected_unknown_generation); a new leader's generation is fenced in as soon as etcd\n"
+       "shows it; with etcd unreachable the leader is accepted for at most its lease TTL (or\n"
+       "grace_ms if smaller) since the last contact, then writes get 503. Changing authorities\n"
+       "needs a restart.\n"
        "  {\"listen\": \"0.0.0.0:8080\", \"db\": \"/var/lib/fencegate/fence.db\",\n"
        "   \"admin\": {\"listen\": \"0.0.0.0:9901\", \"token_file\": \"/etc/fencegate/admin.token\"},\n"
        "   \"audit\": {\"max_age\": \"30d\", \"max_rows\": 1000000},\n"

@@ -29,6 +29,19 @@ struct Endpoint {
   std::string to_string() const;  // "host:port" (v6 in brackets)
 };
 
+// An election whose leader alone may write through a route (authority-linked fencing): the proxy
+// watches the election's keys in etcd ("<election>/<lease-hex>"; the leader is the live key with the
+// lowest create_revision) and admits only the current leader key's creation revision.
+struct Authority {
+  std::vector<std::string> etcd;       // "http://host:port" each, normalised; at least one
+  std::string election;                // election name (etcd key prefix "<election>/")
+  std::chrono::milliseconds grace{0};  // 0: the leader's lease TTL; else min(TTL, grace)
+
+  // Canonical text naming this authority (equal iff the settings are equal).
+  std::string id() const;
+  bool operator==(const Authority&) const = default;
+};
+
 struct Route {
   std::string prefix;      // as configured, e.g. "/tenants/{tenant}/"
   std::string upstream;    // as configured, e.g. "http://127.0.0.1:9000"
@@ -37,6 +50,7 @@ struct Route {
   Mode mode = Mode::enforce;
   std::vector<std::string> write_methods{"POST", "PUT", "PATCH", "DELETE"};  // upper-case tokens
   bool fence_reads = false;
+  std::optional<Authority> authority;  // authority-linked fencing (needs a restart to change)
 
   // Returns true iff `method` (case-sensitive, as on the wire) is fenced on this route.
   bool is_fenced(std::string_view method) const;
@@ -92,8 +106,8 @@ struct Config {
   std::vector<std::string> args;
 };
 
-// Checks that `next` may replace `current` on a live process: listen, db, threads and
-// admin.listen need a restart. Returns the errors (empty if fine).
+// Checks that `next` may replace `current` on a live process: listen, db, threads,
+// admin.listen and the routes' authorities need a restart. Returns the errors (empty if fine).
 std::vector<std::string> reload_incompatibilities(const Config& current, const Config& next);
 
 // Result of loading: either a valid config, or every error found (each names the field).

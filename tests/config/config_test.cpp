@@ -794,3 +794,109 @@ TEST_CASE("serve_usage documents the admin and audit settings") {
     CHECK_MESSAGE(u.find(s) != std::string::npos, s);
   }
 }
+
+TEST_CASE("route authority: JSON object read and normalised; bad values and unknown keys name the field") {
+  auto r = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1", "resource": "ledger",
+      "authority": {"etcd": ["http://127.0.0.1:2379", "http://etcd-b:2379/"], "election": "billing", "grace_ms": 1500}},
+      {"prefix": "/x/", "upstream": "http://h:1"}]})");
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  REQUIRE(r.config->routes[0].authority);
+  const Authority& a = *r.config->routes[0].authority;
+  CHECK(a.etcd == std::vector<std::string>{"http://127.0.0.1:2379", "http://etcd-b:2379"});
+  CHECK(a.election == "billing");
+  CHECK(a.grace == std::chrono::milliseconds(1500));
+  CHECK_FALSE(r.config->routes[1].authority);
+  auto dflt = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1",
+      "authority": {"etcd": ["http://127.0.0.1:2379"], "election": "billing"}}]})");
+  REQUIRE_MESSAGE(dflt.config, joined(dflt.errors));
+  CHECK(dflt.config->routes[0].authority->grace == std::chrono::milliseconds(0));
+
+  auto bad = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1",
+      "authority": {"etcd": ["ftp://x:1", "http://a:2379", "http://a:2379"], "election": "", "grace_ms": -1, "ttl": 3}},
+      {"prefix": "/b/", "upstream": "http://h:1", "authority": {"election": "e"}},
+      {"prefix": "/c/", "upstream": "http://h:1", "authority": {"etcd": [], "election": 5}},
+      {"prefix": "/d/", "upstream": "http://h:1", "authority": "etcd"},
+      {"prefix": "/e/", "upstream": "http://h:1", "authority": {"etcd": ["http://a:1"], "election": "has space"}}]})");
+  INFO(joined(bad.errors));
+  CHECK_FALSE(bad.config);
+  CHECK(has_error(bad, "routes[0].authority.ttl: unknown key"));
+  CHECK(has_error_starting(bad, "routes[0].authority.grace_ms: must be an integer between 0 and 86400000"));
+  CHECK(has_error(bad, "routes[0].authority.etcd[0]: must be an etcd client URL \"http://host:port\" (got \"ftp://x:1\")"));
+  CHECK(has_error(bad, "routes[0].authority.etcd[2]: listed twice (\"http://a:2379\")"));
+  CHECK(has_error(bad, "routes[0].authority.election: must not be empty"));
+  CHECK(has_error(bad, "routes[1].authority.etcd: required"));
+  CHECK(has_error(bad, "routes[2].authority.etcd: must list at least one etcd URL"));
+  CHECK(has_error(bad, "routes[2].authority.election: must be a string (got 5)"));
+  CHECK(has_error_starting(bad, "routes[3].authority: must be an object"));
+  CHECK(has_error_starting(bad, "routes[4].authority.election: must be 1..256 printable ASCII characters"));
+}
+
+TEST_CASE("route authority: flag-only form and its environment variables; both or neither") {
+  auto r = load_serve({"--upstream", "http://h:1", "--authority-etcd", "http://e1:2379, http://e2:2379",
+                       "--authority-election", "billing", "--authority-grace-ms", "250"},
+                      empty_env);
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  REQUIRE(r.config->routes.size() == 1);
+  REQUIRE(r.config->routes[0].authority);
+  CHECK(r.config->routes[0].authority->etcd == std::vector<std::string>{"http://e1:2379", "http://e2:2379"});
+  CHECK(r.config->routes[0].authority->election == "billing");
+  CHECK(r.config->routes[0].authority->grace == std::chrono::milliseconds(250));
+
+  g_env = {{"FENCEGATE_AUTHORITY_ETCD", "http://e:2379"}, {"FENCEGATE_AUTHORITY_ELECTION", "jobs"}};
+  auto env = load_serve({"--upstream", "http://h:1"}, fake_env);
+  g_env.clear();
+  REQUIRE_MESSAGE(env.config, joined(env.errors));
+  CHECK(env.config->routes[0].authority->election == "jobs");
+
+  auto none = load_serve({"--upstream", "http://h:1"}, empty_env);
+  REQUIRE(none.config);
+  CHECK_FALSE(none.config->routes[0].authority);
+
+  auto half = load_serve({"--upstream", "http://h:1", "--authority-etcd", "http://e:2379"}, empty_env);
+  CHECK(has_error(half, "--authority-etcd: needs --authority-election too (or FENCEGATE_AUTHORITY_ELECTION)"));
+  auto other_half = load_serve({"--upstream", "http://h:1", "--authority-election", "x"}, empty_env);
+  CHECK(has_error(other_half, "--authority-election: needs --authority-etcd too (or FENCEGATE_AUTHORITY_ETCD)"));
+  auto bad = load_serve({"--upstream", "http://h:1", "--authority-etcd", "https://e:2379", "--authority-election",
+                         "x", "--authority-grace-ms", "soon"},
+                        empty_env);
+  INFO(joined(bad.errors));
+  CHECK(has_error_starting(bad, "--authority-grace-ms: must be an integer between 0 and 86400000"));
+  CHECK(has_error(bad, "--authority-etcd: must be an etcd client URL \"http://host:port\" (got \"https://e:2379\")"));
+
+  TempFile f(kMinimal);
+  auto mixed = load_serve({"--config", f.path(), "--authority-election", "x"}, empty_env);
+  CHECK(has_error_starting(mixed, "--authority-election: cannot be combined with --config"));
+}
+
+TEST_CASE("reload_incompatibilities: a route's authority needs a restart") {
+  auto base = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1",
+      "authority": {"etcd": ["http://e:2379"], "election": "billing"}}]})");
+  REQUIRE_MESSAGE(base.config, joined(base.errors));
+  const Config& cur = *base.config;
+  Config next = cur;
+  next.routes.push_back(next.routes[0]);
+  next.routes[1].prefix = "/plain/";
+  next.routes[1].authority.reset();
+  next.routes[0].mode = Mode::observe;
+  CHECK(reload_incompatibilities(cur, next).empty());  // routes without an authority may come and go
+
+  next.routes[0].authority->election = "other";
+  auto errors = reload_incompatibilities(cur, next);
+  REQUIRE(errors.size() == 1);
+  CHECK(errors[0].find("authority: changing it needs a restart") != std::string::npos);
+  next.routes[0].authority.reset();
+  CHECK(reload_incompatibilities(cur, next).size() == 1);
+  Config added = cur;
+  added.routes.push_back(cur.routes[0]);
+  added.routes[1].prefix = "/new/";
+  CHECK(reload_incompatibilities(cur, added).size() == 1);
+}
+
+TEST_CASE("serve_usage documents the authority flags") {
+  std::string u = serve_usage();
+  for (const char* s : {"--authority-etcd", "FENCEGATE_AUTHORITY_ETCD", "--authority-election",
+                        "FENCEGATE_AUTHORITY_ELECTION", "--authority-grace-ms", "FENCEGATE_AUTHORITY_GRACE_MS",
+                        "\"authority\"", "rejected_not_leader", "rejected_unknown_generation"}) {
+    CHECK_MESSAGE(u.find(s) != std::string::npos, s);
+  }
+}
