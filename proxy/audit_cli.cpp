@@ -39,9 +39,12 @@ constexpr int kPage = 1000;           // the store's largest page
 constexpr std::chrono::milliseconds kPollInterval{250};
 constexpr std::size_t kMaxCell = 64;  // table cells longer than this are cut ("..."); --json is whole
 
-constexpr std::array<std::string_view, 6> kDecisions = {
+constexpr std::array<std::string_view, 10> kDecisions = {
     "rejected_stale",     "rejected_missing",     "rejected_malformed",
-    "would_reject_stale", "would_reject_missing", "would_reject_malformed"};
+    "would_reject_stale", "would_reject_missing", "would_reject_malformed",
+    // authority-linked fencing (a route with an "authority")
+    "rejected_not_leader", "rejected_unknown_generation", "would_reject_not_leader",
+    "would_reject_unknown_generation"};
 
 constexpr const char* kUsage =
     "Usage: fencegate audit --db PATH [flags]\n"
@@ -54,7 +57,9 @@ constexpr const char* kUsage =
     "  --db PATH          the database file (required)\n"
     "  --resource R       only this resource\n"
     "  --decision D       only this decision: rejected_stale, rejected_missing, rejected_malformed,\n"
-    "                     would_reject_stale, would_reject_missing, would_reject_malformed\n"
+    "                     would_reject_stale, would_reject_missing, would_reject_malformed,\n"
+    "                     rejected_not_leader, rejected_unknown_generation, would_reject_not_leader,\n"
+    "                     would_reject_unknown_generation\n"
     "  --leader L         only rows whose Fencing-Leader header was L\n"
     "  --since T          only rows at or after T\n"
     "  --until T          only rows before T\n"

@@ -16,6 +16,11 @@ std::string_view to_string(Outcome o) {
     case Outcome::would_reject_malformed: return "would_reject_malformed";
     case Outcome::store_error: return "store_error";
     case Outcome::upstream_error: return "upstream_error";
+    case Outcome::rejected_not_leader: return "rejected_not_leader";
+    case Outcome::rejected_unknown_generation: return "rejected_unknown_generation";
+    case Outcome::would_reject_not_leader: return "would_reject_not_leader";
+    case Outcome::would_reject_unknown_generation: return "would_reject_unknown_generation";
+    case Outcome::authority_unavailable: return "authority_unavailable";
     case Outcome::kCount: break;
   }
   return "unknown";

@@ -30,6 +30,12 @@ enum class Outcome : int {
   would_reject_malformed,
   store_error,
   upstream_error,
+  // Authority-linked fencing (proxy/authority.h).
+  rejected_not_leader,          // 409: the generation's leader key is gone, or it is a waiting candidate
+  rejected_unknown_generation,  // 409: not the creation revision of any election key seen
+  would_reject_not_leader,
+  would_reject_unknown_generation,
+  authority_unavailable,        // 503: etcd unreachable for longer than the leader's lease TTL (or grace)
   kCount
 };
 std::string_view to_string(Outcome o);

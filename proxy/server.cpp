@@ -24,6 +24,7 @@
 #include "config/router.h"
 #include "fence_store/store.h"
 #include "proxy/admin.h"
+#include "proxy/authority.h"
 #include "proxy/fence.h"
 #include "proxy/head.h"
 #include "proxy/log.h"
@@ -55,6 +56,7 @@ constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this
 struct ServerState {
   explicit ServerState(Runtime& r) : rt(r) {}
   Runtime& rt;
+  Authorities* authorities = nullptr;  // routes' election authorities (constant after start)
   std::atomic<std::size_t> connections{0};
   std::atomic<std::size_t> active_requests{0};
 };
@@ -530,14 +532,22 @@ awaitable<bool> Session::handle(std::size_t head_len) {
     // Every rejection (and would-be rejection) is counted and logged with its context.
     auto note = [&](Outcome o, std::int64_t current) {
       count(m.resource, o);
-      const bool would = o == Outcome::would_reject_stale || o == Outcome::would_reject_missing ||
-                         o == Outcome::would_reject_malformed;
+      const bool would = to_string(o).starts_with("would_");
       log::write(would ? log::Level::info : log::Level::warn, would ? "would reject write" : "rejected write",
                  {log::kv("decision", to_string(o)), log::kv("resource", m.resource),
                   log::kv("presented_generation", g), log::kv("current_generation", current),
                   log::kv("leader", leader), log::kv("client", client_ip_), log::kv("method", head.method),
                   log::kv("target", head.target.substr(0, 256))});
     };
+
+    // Authority-linked fencing: etcd's view of the election decides before the fence does. Only
+    // the current leader's generation goes on to the fence; in observe mode an unreachable etcd
+    // just leaves the plain fence in charge.
+    std::optional<AuthorityCheck> ac;
+    if (ts == TokenState::ok)
+      if (Authority* au = st_.authorities ? st_.authorities->for_route(route) : nullptr) ac = au->check(g);
+    const bool authority_says_no = ac && ac->verdict != AuthorityVerdict::leader &&
+                                   !(ac->verdict == AuthorityVerdict::unavailable && !enforce);
 
     if (ts != TokenState::ok) {
       std::int64_t cur = rt_.fence.current(m.resource);
@@ -562,6 +572,60 @@ awaitable<bool> Session::handle(std::size_t head_len) {
       rt_.store.append_audit(audit_row(std::string("would_reject_") + kind, cur), nullptr);
       note(ts == TokenState::missing ? Outcome::would_reject_missing : Outcome::would_reject_malformed, cur);
       marks.observe = std::string("would_reject_") + kind;
+    } else if (authority_says_no) {
+      const std::int64_t cur = rt_.fence.current(m.resource);
+      const std::int64_t newest = std::max(cur, ac->leader);
+      const std::string& election = route.authority->election;
+      if (ac->verdict == AuthorityVerdict::unavailable) {  // enforce: fail closed, not audited
+        marks.generation = cur;
+        count(m.resource, Outcome::authority_unavailable);
+        log::warn("rejected write: election authority unavailable",
+                  {log::kv("decision", "authority_unavailable"), log::kv("resource", m.resource),
+                   log::kv("presented_generation", g), log::kv("election", election), log::kv("why", ac->why),
+                   log::kv("leader", leader), log::kv("client", client_ip_)});
+        co_return co_await refuse(Problem{503, "authority-unavailable", "Election authority unavailable",
+                                          ac->why + "; nothing was forwarded", m.resource, g, cur},
+                                  marks);
+      }
+      const std::string gs = std::to_string(g), ls = std::to_string(ac->leader);
+      std::string suffix, type, title, detail;
+      Outcome rejected = Outcome::rejected_stale, would = Outcome::would_reject_stale;
+      switch (ac->verdict) {
+        case AuthorityVerdict::stale:
+          suffix = "stale", type = "stale-generation", title = "Stale fencing token";
+          detail = "generation " + gs + " is older than generation " + ls + " of the current leader of election " +
+                   election + " (resource " + m.resource + ")";
+          break;
+        case AuthorityVerdict::not_leader:
+          suffix = "not_leader", type = "not-leader", title = "Not the leader";
+          rejected = Outcome::rejected_not_leader, would = Outcome::would_reject_not_leader;
+          detail = ac->leader ? "generation " + gs + " is not the leader of election " + election +
+                                    " (a candidate still waiting, or a former leader); the leader's generation is " + ls
+                              : "generation " + gs + " no longer leads election " + election +
+                                    " (its key is gone: resigned or lease expired) and no successor is elected yet";
+          break;
+        default:
+          suffix = "unknown_generation", type = "unknown-generation", title = "Unknown fencing token";
+          rejected = Outcome::rejected_unknown_generation, would = Outcome::would_reject_unknown_generation;
+          detail = "generation " + gs + " is not the creation revision of any key of election " + election +
+                   " (forged, or from another election or etcd cluster)";
+          break;
+      }
+      if (enforce) {
+        marks.generation = newest;
+        store::Status st = co_await audit_sync(audit_row("rejected_" + suffix, newest));
+        note(st.ok() ? rejected : Outcome::store_error, newest);
+        if (!st.ok())
+          co_return co_await refuse(Problem{503, "store-unavailable", "Fence store unavailable",
+                                            "the audit row could not be made durable: " + st.message(),
+                                            m.resource, g, newest}, marks);
+        co_return co_await refuse(Problem{409, type, title, detail, m.resource, g, newest}, marks);
+      }
+      // Observe: forwarded, but the fence is never advanced to a generation etcd says does not lead.
+      marks.generation = cur;
+      rt_.store.append_audit(audit_row("would_reject_" + suffix, newest), nullptr);
+      note(would, newest);
+      marks.observe = "would_reject_" + suffix;
     } else {
       Decision d;
       bool now;
@@ -944,6 +1008,10 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   Metrics metrics;
   Runtime rt(*store, *fence, metrics);
   rt.install(snap);
+  // Election authorities (authority-linked fencing): started before traffic, stopped before the
+  // store and the fence go away. Until one has reached etcd its routes' writes get 503.
+  Authorities authorities(rt);
+  authorities.start(*cfg);
   fence->set_drain_observer([&metrics](double s) { metrics.drain_wait.observe(s); });
   store->set_commit_observer([&metrics, &rt](double s, std::size_t, bool ok) {
     metrics.store_commit.observe(s);
@@ -951,6 +1019,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
     rt.store_result(ok, ok ? std::string() : "the last store commit failed");
   });
   ServerState st(rt);
+  st.authorities = &authorities;
 
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < std::max(1, cfg->threads); ++i) workers.push_back(std::make_unique<Worker>());
@@ -1025,6 +1094,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   for (auto& w : workers) w->ioc.stop();
   for (auto& t : threads) t.join();
   admin->stop();
+  authorities.stop();
 
   // Commit what is queued (audit rows of observe mode) before anything else goes away; then the
   // fence; the io_contexts (and the sessions they still hold) last.

@@ -1,0 +1,479 @@
+#include "proxy/authority.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "election_client/base64.h"
+
+#include "proxy/fence.h"
+#include "proxy/log.h"
+#include "proxy/runtime.h"
+
+namespace fencegate::proxy {
+
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::chrono::milliseconds kUnknownTtlWindow{1000};  // <= any lease TTL etcd grants (whole seconds)
+constexpr std::chrono::milliseconds kMinProbe{50};
+constexpr std::chrono::milliseconds kMaxProbe{1000};
+constexpr std::chrono::milliseconds kRequestTimeout{1000};
+constexpr std::chrono::milliseconds kConnectTimeout{300};
+
+std::int64_t json_i64(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end()) return 0;
+  if (it->is_number_integer()) return it->get<std::int64_t>();
+  if (it->is_string()) {
+    try {
+      return std::stoll(it->get<std::string>());
+    } catch (...) {
+      return 0;
+    }
+  }
+  return 0;
+}
+
+// A leader id for logs and advanced_by: the campaign value if it is short printable text.
+std::string printable_or(const std::string& v, const std::string& fallback) {
+  if (v.empty() || v.size() > 256) return fallback;
+  for (char c : v) {
+    auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) return fallback;
+  }
+  return v;
+}
+
+}  // namespace
+
+std::string_view to_string(AuthorityVerdict v) {
+  switch (v) {
+    case AuthorityVerdict::leader: return "leader";
+    case AuthorityVerdict::stale: return "stale";
+    case AuthorityVerdict::not_leader: return "not_leader";
+    case AuthorityVerdict::unknown_generation: return "unknown_generation";
+    case AuthorityVerdict::unavailable: return "unavailable";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// ElectionView
+
+void ElectionView::resync(const std::vector<election::KeyValue>& kvs, std::int64_t revision) {
+  saw_revision(revision);
+  if (synced_ && revision <= state_rev_) return;  // the watch already took us further
+  live_.clear();
+  for (const auto& kv : kvs) {
+    live_[kv.key] = Key{kv.create_revision, kv.lease, kv.value};
+    seen_.insert(kv.create_revision);
+    saw_revision(kv.mod_revision);
+  }
+  state_rev_ = revision;
+  synced_ = true;
+  recompute_leader();
+}
+
+void ElectionView::apply(const election::WatchBatch& batch) {
+  saw_revision(batch.header.revision);
+  for (const auto& ev : batch.events) {
+    const auto& kv = ev.kv;
+    saw_revision(kv.mod_revision);
+    if (kv.mod_revision <= state_rev_) continue;  // already reflected by a resync
+    if (ev.type == election::WatchEvent::Type::put) {
+      auto& k = live_[kv.key];
+      k.create_revision = kv.create_revision;
+      k.lease = kv.lease;
+      k.value = kv.value;
+      seen_.insert(kv.create_revision);
+    } else {
+      live_.erase(kv.key);
+    }
+    state_rev_ = kv.mod_revision;
+  }
+  recompute_leader();
+}
+
+void ElectionView::recompute_leader() {
+  const Key* best = nullptr;
+  for (const auto& [_, k] : live_)
+    if (!best || k.create_revision < best->create_revision) best = &k;
+  if (best) {
+    leader_rev_ = best->create_revision;
+    leader_lease_ = best->lease;
+    leader_value_ = best->value;
+    // Older generations are stale whatever happened to their keys: no need to remember them.
+    seen_.erase(seen_.begin(), seen_.lower_bound(leader_rev_));
+  } else {
+    leader_rev_ = 0;
+    leader_lease_ = 0;
+    leader_value_.clear();
+  }
+  // Bound memory if candidates churn without ever leading (each entry is one key ever seen).
+  while (seen_.size() > 100000) seen_.erase(seen_.begin());
+}
+
+AuthorityVerdict ElectionView::classify(std::int64_t g) const {
+  if (leader_rev_ != 0 && g == leader_rev_) return AuthorityVerdict::leader;
+  if (leader_rev_ != 0 && g < leader_rev_) return AuthorityVerdict::stale;
+  if (g <= latest_ && seen_.count(g)) return AuthorityVerdict::not_leader;
+  return AuthorityVerdict::unknown_generation;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authority
+
+Authority::Authority(config::Authority cfg, OnNewLeader on_new_leader)
+    : cfg_(std::move(cfg)), prefix_(election::election_prefix(cfg_.election)), on_new_leader_(std::move(on_new_leader)) {
+  client_options_.endpoints = cfg_.etcd;
+  client_options_.request_timeout = kRequestTimeout;
+  client_options_.connect_timeout = kConnectTimeout;
+  client_ = std::make_unique<election::Client>(client_options_);
+}
+
+Authority::~Authority() { stop(); }
+
+void Authority::start() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = false;
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Authority::stop() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::chrono::milliseconds Authority::window_locked() const {
+  std::chrono::milliseconds w = kUnknownTtlWindow;
+  if (view_.leader_lease() != 0 && ttl_lease_ == view_.leader_lease() && ttl_ms_ > 0)
+    w = std::chrono::milliseconds(ttl_ms_);
+  if (cfg_.grace.count() > 0) w = std::min(w, cfg_.grace);
+  return w;
+}
+
+AuthorityCheck Authority::check(std::int64_t g) const {
+  std::lock_guard lk(mu_);
+  AuthorityCheck c;
+  c.leader = view_.leader_revision();
+  if (!view_.synced() || !contacted_) {
+    c.verdict = AuthorityVerdict::unavailable;
+    c.why = "no contact with etcd yet (election " + cfg_.election + ")";
+    return c;
+  }
+  const auto since = Clock::now() - last_contact_;
+  const auto w = window_locked();
+  if (since >= w) {
+    c.verdict = AuthorityVerdict::unavailable;
+    c.why = "no contact with etcd for " +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(since).count()) +
+            " ms, more than the leader's lease window of " + std::to_string(w.count()) + " ms (election " +
+            cfg_.election + ")";
+    return c;
+  }
+  c.verdict = view_.classify(g);
+  return c;
+}
+
+Authority::Status Authority::status() const {
+  std::lock_guard lk(mu_);
+  Status s;
+  s.synced = view_.synced();
+  s.leader = view_.leader_revision();
+  s.leader_lease = view_.leader_lease();
+  s.leader_ttl_ms = ttl_lease_ == s.leader_lease ? ttl_ms_ : 0;
+  s.revision = view_.revision();
+  s.latest_revision = view_.latest_revision();
+  s.window_ms = window_locked().count();
+  if (contacted_) {
+    s.ms_since_contact = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - last_contact_).count();
+    s.available = s.synced && s.ms_since_contact < s.window_ms;
+  }
+  return s;
+}
+
+// REQUIRES: mu_ held.
+void Authority::after_change_locked() {
+  const std::int64_t leader = view_.leader_revision();
+  if (leader != 0 && leader > pending_announce_) {
+    pending_announce_ = leader;
+    pending_leader_id_ = view_.leader_value();
+  }
+  if (view_.leader_lease() != ttl_lease_) cv_.notify_all();  // the loop looks the TTL up
+}
+
+void Authority::announce() {
+  std::int64_t g;
+  std::string id;
+  {
+    std::lock_guard lk(mu_);
+    g = pending_announce_;
+    id = pending_leader_id_;
+  }
+  if (g == 0) return;
+  std::lock_guard al(announce_mu_);
+  if (g <= announced_) return;
+  announced_ = g;
+  log::info("authority: new leader", {log::kv("election", cfg_.election), log::kv("generation", g),
+                                      log::kv("leader", printable_or(id, ""))});
+  if (on_new_leader_) on_new_leader_(g, id);
+}
+
+bool Authority::resync() {
+  const auto sent = Clock::now();
+  std::vector<election::KeyValue> kvs;
+  election::ResponseHeader h;
+  election::Status st = client_->range(prefix_, election::prefix_range_end(prefix_), &kvs, &h);
+  if (!st.ok()) {
+    log::debug("authority: range failed", {log::kv("election", cfg_.election), log::kv("error", st.to_string())});
+    return false;
+  }
+  std::int64_t before;
+  {
+    std::lock_guard lk(mu_);
+    before = view_.leader_revision();
+    view_.resync(kvs, h.revision);
+    if (!contacted_ || sent > last_contact_) last_contact_ = sent;
+    contacted_ = true;
+    after_change_locked();
+    if (view_.leader_revision() < before && view_.leader_revision() != 0)
+      log::warn("authority: the leader's generation went backwards (etcd restored from a snapshot?)",
+                {log::kv("election", cfg_.election), log::kv("was", before),
+                 log::kv("now", view_.leader_revision())});
+  }
+  announce();
+  return true;
+}
+
+void Authority::fetch_ttl() {
+  std::int64_t lease;
+  {
+    std::lock_guard lk(mu_);
+    lease = view_.leader_lease();
+    if (lease == 0 || lease == ttl_lease_) return;
+  }
+  std::string text;
+  election::Status st = client_->call("/v3/lease/timetolive", nlohmann::json{{"ID", std::to_string(lease)}}.dump(),
+                                      &text, kRequestTimeout);
+  auto j = st.ok() ? nlohmann::json::parse(text, nullptr, false) : nlohmann::json();
+  if (!j.is_object()) {  // retried on the next turn of the loop
+    log::debug("authority: lease TTL lookup failed", {log::kv("election", cfg_.election), log::kv("lease", lease),
+                                                      log::kv("error", st.ok() ? text.substr(0, 200) : st.to_string())});
+    return;
+  }
+  std::int64_t granted = json_i64(j, "grantedTTL");
+  std::int64_t remaining = json_i64(j, "TTL");
+  std::lock_guard lk(mu_);
+  if (view_.leader_lease() != lease) return;
+  ttl_lease_ = lease;
+  // A lease that is already gone (TTL -1) leaves no window at all: its key is about to go.
+  ttl_ms_ = remaining < 0 ? 1 : granted * 1000;
+  if (ttl_ms_ <= 0) ttl_ms_ = 1;
+  log::info("authority: leader lease", {log::kv("election", cfg_.election), log::kv("lease", lease),
+                                        log::kv("granted_ttl_s", granted), log::kv("window_ms", window_locked().count())});
+}
+
+void Authority::on_batch(const election::WatchBatch& b) {
+  {
+    std::lock_guard lk(mu_);
+    view_.apply(b);
+    last_contact_ = std::max(last_contact_, Clock::now());
+    contacted_ = true;
+    after_change_locked();
+  }
+  announce();
+}
+
+void Authority::on_watch_state(election::Watch::State s, std::int64_t revision, const election::Status& why) {
+  using S = election::Watch::State;
+  if (s == S::watching) {
+    std::lock_guard lk(mu_);
+    view_.saw_revision(revision);
+    last_contact_ = std::max(last_contact_, Clock::now());
+    contacted_ = true;
+  } else if (s == S::compacted) {
+    log::warn("authority: watch compacted; resyncing", {log::kv("election", cfg_.election),
+                                                        log::kv("compact_revision", revision)});
+    {
+      std::lock_guard lk(mu_);
+      compacted_ = true;
+    }
+    cv_.notify_all();
+  } else if (s == S::broken) {
+    log::debug("authority: watch broken", {log::kv("election", cfg_.election), log::kv("error", why.to_string())});
+  }
+}
+
+void Authority::start_watch_locked_out(std::int64_t from) {
+  election::Watch::Options o;
+  o.client = client_options_;
+  o.prefix = prefix_;
+  o.start_revision = from;
+  o.reconnect = true;
+  o.reconnect_backoff = 250ms;
+  watch_ = std::make_unique<election::Watch>(
+      o, [this](const election::WatchBatch& b) { on_batch(b); },
+      [this](election::Watch::State s, std::int64_t rev, const election::Status& why) { on_watch_state(s, rev, why); });
+  watch_->start();
+}
+
+void Authority::loop() {
+  log::info("authority: watching election", {log::kv("election", cfg_.election), log::kv("prefix", prefix_),
+                                             log::kv("etcd", cfg_.etcd.empty() ? std::string() : cfg_.etcd.front())});
+  bool was_available = true;
+  for (;;) {
+    bool compacted;
+    {
+      std::lock_guard lk(mu_);
+      if (stopping_) break;
+      compacted = compacted_;
+      compacted_ = false;
+    }
+    if (compacted && watch_) {
+      watch_->stop();
+      watch_.reset();
+    }
+    // Probe and resync in one: a range of the prefix proves etcd is alive and gives the truth.
+    if (resync() && !watch_) {
+      std::int64_t from;
+      {
+        std::lock_guard lk(mu_);
+        from = view_.revision() + 1;
+      }
+      start_watch_locked_out(from);
+    }
+    fetch_ttl();
+
+    Status s = status();
+    if (s.available != was_available) {
+      if (s.available)
+        log::info("authority: etcd reachable", {log::kv("election", cfg_.election), log::kv("leader", s.leader)});
+      else
+        log::warn("authority: etcd unreachable beyond the leader's lease window; fenced writes get 503",
+                  {log::kv("election", cfg_.election), log::kv("window_ms", s.window_ms),
+                   log::kv("ms_since_contact", s.ms_since_contact)});
+      was_available = s.available;
+    }
+
+    std::unique_lock lk(mu_);
+    auto every = std::clamp(window_locked() / 3, kMinProbe, kMaxProbe);
+    cv_.wait_for(lk, every, [&] {
+      return stopping_ || compacted_ || (view_.leader_lease() != 0 && view_.leader_lease() != ttl_lease_);
+    });
+    // A TTL lookup wakes us at once; avoid spinning if it keeps failing.
+    if (!stopping_ && !compacted_ && view_.leader_lease() != ttl_lease_) cv_.wait_for(lk, kMinProbe, [&] { return stopping_; });
+  }
+  if (watch_) {
+    watch_->stop();
+    watch_.reset();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Authorities
+
+bool resource_matches_template(std::string_view tmpl, std::string_view resource) {
+  // Backtracking match of literals and {captures} (one or more capture characters each).
+  auto is_cap = [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '~' || c == '-';
+  };
+  std::function<bool(std::size_t, std::size_t)> m = [&](std::size_t ti, std::size_t ri) -> bool {
+    if (ti == tmpl.size()) return ri == resource.size();
+    if (tmpl[ti] == '{') {
+      std::size_t close = tmpl.find('}', ti);
+      if (close == std::string_view::npos) return false;
+      for (std::size_t n = ri; n < resource.size() && is_cap(resource[n]); ++n)
+        if (m(close + 1, n + 1)) return true;
+      return false;
+    }
+    return ri < resource.size() && tmpl[ti] == resource[ri] && m(ti + 1, ri + 1);
+  };
+  return m(0, 0);
+}
+
+Authorities::Authorities(Runtime& rt) : rt_(rt) {}
+
+Authorities::~Authorities() { stop(); }
+
+void Authorities::start(const config::Config& cfg) {
+  std::map<std::string, Authority*> by_id;
+  for (const auto& r : cfg.routes) {
+    if (!r.authority) continue;
+    const std::string id = r.authority->id();
+    auto it = by_id.find(id);
+    if (it == by_id.end()) {
+      config::Authority a = *r.authority;
+      auto au = std::make_unique<Authority>(a, [this, a](std::int64_t g, const std::string& leader_id) {
+        advance(a, g, leader_id);
+      });
+      it = by_id.emplace(id, au.get()).first;
+      all_.push_back(std::move(au));
+    }
+    by_prefix_[r.prefix] = it->second;
+  }
+  for (auto& a : all_) a->start();
+}
+
+void Authorities::stop() {
+  for (auto& a : all_) a->stop();
+}
+
+void Authorities::advance(const config::Authority& a, std::int64_t g, const std::string& leader_id) {
+  auto snap = rt_.snapshot();
+  const std::string leader = printable_or(leader_id, "authority:" + a.election);
+  const std::string lead = leader.substr(0, snap->cfg->max_leader_bytes);
+  std::vector<ResourceView> held;
+  bool have_held = false;
+  for (const auto& r : snap->cfg->routes) {
+    if (!r.authority || !(*r.authority == a) || r.mode == config::Mode::off) continue;
+    std::vector<std::string> resources;
+    if (r.resource.find('{') == std::string::npos) {
+      resources.push_back(r.resource);
+    } else {
+      if (!have_held) {
+        held = rt_.fence.snapshot();
+        have_held = true;
+      }
+      for (const auto& v : held)
+        if (resource_matches_template(r.resource, v.name)) resources.push_back(v.name);
+    }
+    for (const auto& res : resources) {
+      // Fire and forget: the decision arrives on the store or timer thread; the node lives until
+      // then (a drain may take drain_timeout) and is released at once after an admission.
+      Fence& fence = rt_.fence;
+      const std::string election = a.election;
+      auto done = [&fence, res, g, election](std::shared_ptr<InflightNode> node, Decision d) {
+        if (d.verdict == Verdict::admit) {
+          if (node) fence.release(node.get());
+          log::info("authority: fenced the new leader's generation",
+                    {log::kv("election", election), log::kv("resource", res), log::kv("generation", d.current)});
+        } else if (d.verdict == Verdict::stale) {
+          log::warn("authority: the fence already holds a higher generation than the new leader's",
+                    {log::kv("election", election), log::kv("resource", res), log::kv("generation", g),
+                     log::kv("current_generation", d.newest)});
+        } else {
+          log::error("authority: could not fence the new leader's generation",
+                     {log::kv("election", election), log::kv("resource", res), log::kv("generation", g),
+                      log::kv("verdict", d.verdict == Verdict::store_error ? "store_error" : "overloaded")});
+        }
+      };
+      Decision d;
+      if (r.mode == config::Mode::enforce) {
+        auto node = std::make_shared<InflightNode>();
+        if (fence.admit(res, g, lead, node.get(), &d, [done, node](Decision dd) { done(node, dd); })) done(node, d);
+      } else {
+        if (fence.observe(res, g, lead, &d, [done](Decision dd) { done(nullptr, dd); })) done(nullptr, d);
+      }
+    }
+  }
+}
+
+}  // namespace fencegate::proxy
