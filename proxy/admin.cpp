@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "fence_store/store.h"
+#include "proxy/authority.h"
 #include "proxy/fence.h"
 #include "proxy/head.h"
 #include "proxy/log.h"
@@ -130,27 +131,9 @@ bool valid_resource_name(std::string_view r) {
   return true;
 }
 
-// True iff `name` can be produced by the resource template `tmpl` ({x} = one or more of
-// [A-Za-z0-9._~-]).
-bool template_matches(std::string_view tmpl, std::string_view name) {
-  if (tmpl.empty()) return name.empty();
-  if (tmpl[0] == '{') {
-    auto close = tmpl.find('}');
-    if (close == std::string_view::npos) return false;
-    std::string_view rest = tmpl.substr(close + 1);
-    for (std::size_t n = 1; n <= name.size(); ++n) {
-      unsigned char c = static_cast<unsigned char>(name[n - 1]);
-      if (!(std::isalnum(c) || c == '.' || c == '_' || c == '~' || c == '-')) break;
-      if (template_matches(rest, name.substr(n))) return true;
-    }
-    return false;
-  }
-  return !name.empty() && tmpl[0] == name[0] && template_matches(tmpl.substr(1), name.substr(1));
-}
-
 std::string mode_of(const config::Config& cfg, std::string_view resource) {
   for (const auto& r : cfg.routes)
-    if (template_matches(r.resource, resource)) return std::string(config::to_string(r.mode));
+    if (resource_matches_template(r.resource, resource)) return std::string(config::to_string(r.mode));
   return "unrouted";
 }
 
@@ -537,6 +520,28 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     co_return problem(428, "token-required", "Fencing token required",
                       "give the generation in the " + cfg.token_header + " header or as {\"generation\": N}");
   if (leader.size() > cfg.max_leader_bytes) co_return problem(400, "bad-leader", "Bad request", "leader is too long");
+
+  // A resource bound to an election authority only advances to its current leader's generation:
+  // the barrier must not become a way around the authority (a forged or stale token).
+  if (rt.authorities) {
+    for (const auto& route : cfg.routes) {
+      Authority* au = rt.authorities->for_route(route);
+      if (!au || !resource_matches_template(route.resource, resource)) continue;
+      AuthorityCheck ac = au->check(g);
+      if (ac.verdict == AuthorityVerdict::leader) continue;
+      json ctx = {{"resource", resource}, {"presented_generation", g}, {"current_generation", ac.leader}};
+      if (ac.verdict == AuthorityVerdict::unavailable)
+        co_return problem(503, "authority-unavailable", "Election authority unavailable", ac.why, ctx);
+      log::warn("rejected fence", {log::kv("resource", resource), log::kv("presented_generation", g),
+                                   log::kv("decision", to_string(ac.verdict)), log::kv("leader", leader)});
+      co_return problem(409, ac.verdict == AuthorityVerdict::stale ? "stale-generation"
+                             : ac.verdict == AuthorityVerdict::not_leader ? "not-leader" : "unknown-generation",
+                        "Not the election's current leader",
+                        "generation " + std::to_string(g) + " is not the current leader's of election " +
+                            route.authority->election,
+                        ctx);
+    }
+  }
 
   // Advance exactly as a write would (drain older in-flight writes, commit durably), then let go.
   struct Wait {

@@ -24,6 +24,7 @@ namespace fencegate::proxy {
 
 class Fence;
 class Metrics;
+class Authorities;
 
 struct UpstreamAddr {
   std::string ip;
@@ -50,6 +51,7 @@ class Runtime {
   Fence& fence;
   Metrics& metrics;
   std::atomic<bool> stopping{false};
+  Authorities* authorities = nullptr;  // election authorities of routes; set before traffic
 
   std::shared_ptr<const Snapshot> snapshot() const {
     std::lock_guard lk(mu_);

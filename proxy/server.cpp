@@ -1020,6 +1020,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   });
   ServerState st(rt);
   st.authorities = &authorities;
+  rt.authorities = &authorities;
 
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < std::max(1, cfg->threads); ++i) workers.push_back(std::make_unique<Worker>());
