@@ -592,6 +592,14 @@ bool parse_json_into(Config& c, std::string_view text, std::string_view source,
     errors.push_back(std::string(source) + ": invalid JSON (byte " + std::to_string(e.byte) +
                      "): " + what);
     return false;
+  } catch (const json::exception& e) {
+    // e.g. a number out of range (1e400): still a bad file, never a crash (a reload must survive it).
+    std::string what = e.what();
+    if (auto p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos) {
+      what = what.substr(p + 2);
+    }
+    errors.push_back(std::string(source) + ": invalid JSON: " + what);
+    return false;
   }
   if (!doc.is_object()) {
     errors.push_back(std::string(source) + ": must be a JSON object (got " + std::string(doc.type_name()) + ")");

@@ -61,8 +61,12 @@ std::string check_target(std::string_view target) {
     int lo = i + 2 < path.size() ? hex_value(path[i + 2]) : -1;
     if (hi < 0 || lo < 0) return "invalid percent-encoding in path";
     int b = hi * 16 + lo;
-    if (b == '/' || b == '\\' || b == '.' || b == '%' || b < 0x20 || b == 0x7f) {
-      return "percent-encoded '/', '\\', '.', '%' or control byte in path (" +
+    // An upstream may decode any of these (RFC 3986 normalises encoded unreserved characters),
+    // turning a path we fenced under one route into another route's path: refuse them.
+    const bool unreserved = (b >= 'A' && b <= 'Z') || (b >= 'a' && b <= 'z') || (b >= '0' && b <= '9') ||
+                            b == '-' || b == '.' || b == '_' || b == '~';
+    if (unreserved || b == '/' || b == '\\' || b == '%' || b < 0x20 || b == 0x7f) {
+      return "percent-encoded unreserved character, '/', '\\', '%' or control byte in path (" +
              std::string(path.substr(i, 3)) + ")";
     }
     i += 2;
@@ -123,6 +127,18 @@ std::string check_route_template(const Route& r) {
   for (const Part& p : parts) sample += p.capture ? "x" : p.text;
   if (sample.find('?') != std::string::npos) return "prefix: must not contain '?'";
   if (auto err = check_target(sample); !err.empty()) return "prefix: " + err;
+
+  // Literal text is limited to unreserved characters and '/': then a percent-encoded byte in a
+  // request (which routing refuses for unreserved characters) can never decode into a prefix
+  // the encoded form did not match, whatever the upstream decodes.
+  for (const Part& p : parts) {
+    if (p.capture) continue;
+    for (char c : p.text) {
+      if (!is_capture_char(c) && c != '/') {
+        return "prefix: character '" + std::string(1, c) + "' not allowed (use [A-Za-z0-9._~-], '/' and {captures})";
+      }
+    }
+  }
 
   const std::string& res = r.resource;
   if (res.empty()) return "resource: must not be empty";

@@ -900,3 +900,11 @@ TEST_CASE("serve_usage documents the authority flags") {
     CHECK_MESSAGE(u.find(s) != std::string::npos, s);
   }
 }
+
+TEST_CASE("a number JSON cannot represent is a config error, not a crash (found by the config fuzzer)") {
+  // A reload of such a file once killed the running sidecar.
+  auto r = fencegate::config::load_json(R"({"threads": 1e400, "routes": [{"prefix": "/", "upstream": "http://127.0.0.1:1"}]})");
+  CHECK_FALSE(r.config.has_value());
+  REQUIRE_FALSE(r.errors.empty());
+  CHECK(r.errors[0].find("invalid JSON") != std::string::npos);
+}
