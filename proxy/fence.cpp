@@ -248,6 +248,33 @@ void Fence::on_committed(FenceResource* r, std::int64_t target, store::Status st
   run(after);
 }
 
+void Fence::shutdown() {
+  std::vector<FenceResource*> all;
+  {
+    std::lock_guard lk(map_mu_);
+    for (auto& [_, r] : resources_) all.push_back(r.get());
+  }
+  for (FenceResource* r : all) {
+    std::vector<Waiter> dropped;
+    {
+      std::lock_guard lk(r->mu);
+      dropped.swap(r->waiting);
+      for (InflightNode* n = r->head.next; n != &r->head;) {
+        InflightNode* next = n->next;
+        n->prev = n->next = nullptr;
+        n->resource = nullptr;
+        n = next;
+      }
+      r->head.prev = r->head.next = &r->head;
+      r->inflight = 0;
+      r->drain_armed = false;
+    }
+    // `dropped` (and the callbacks' captured state) is destroyed here, outside the lock.
+  }
+  std::lock_guard tl(timer_mu_);
+  deadlines_.clear();
+}
+
 void Fence::release(InflightNode* n) {
   FenceResource* r = n->resource;
   if (!r) return;

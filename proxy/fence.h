@@ -108,6 +108,12 @@ class Fence {
   bool observe(const std::string& resource, std::int64_t g, const std::string& leader,
                Decision* now, DecisionFn later);
 
+  // Shutdown: forgets every parked decision callback (without calling it) and every in-flight
+  // registration, so the owners of those callbacks and nodes (sessions on io_contexts being torn
+  // down) can be destroyed in any order; later release() calls are no-ops.
+  // REQUIRES: no further admit()/observe() calls and no store completions still to come.
+  void shutdown();
+
   // Current stored generation of a resource (0 if unknown), for responses that made no decision.
   std::int64_t current(const std::string& resource);
 

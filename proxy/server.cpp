@@ -1097,11 +1097,13 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   admin->stop();
   authorities.stop();
 
-  // Commit what is queued (audit rows of observe mode) before anything else goes away; then the
-  // fence; the io_contexts (and the sessions they still hold) last.
+  // Commit what is queued (audit rows of observe mode) before anything else goes away (its
+  // completions still reach the fence). Then the fence forgets parked callbacks and in-flight
+  // registrations, so the sessions still suspended in the io_contexts (destroyed at scope exit,
+  // before the fence) can go in any order.
   store->set_commit_observer(nullptr);
   store.reset();
-  fence.reset();
+  fence->shutdown();
   log::info("stopped");
   return 0;
 }
