@@ -349,11 +349,20 @@ awaitable<bool> Session::read_head(std::size_t* head_len, bool first) {
       }
       checked = data.size();
     }
-    std::size_t room = std::min<std::size_t>(cfg.max_header_bytes + 4 - buf_.size(), 16384);
-    if (room == 0) room = 1;
     // The head's deadline is our own timer, not the stream's: a stream timeout closes the
     // socket, and a client whose head stalled is owed a 408.
     head_timer_.expires_at(deadline);
+    if (buf_.size() == 0) {
+      // An idle keep-alive connection holds no read buffer: wait until bytes arrive, then read.
+      // (10,000 idle clients would otherwise pin 16 KiB each.)
+      buf_.shrink_to_fit();
+      auto w = co_await (client_.socket().async_wait(tcp::socket::wait_read, net::as_tuple(use_awaitable)) ||
+                         head_timer_.async_wait(net::as_tuple(use_awaitable)));
+      if (w.index() == 1) co_return false;  // idle timeout: nothing was sent, just close
+      if (auto [wec] = std::get<0>(w); wec) co_return false;
+    }
+    std::size_t room = std::min<std::size_t>(cfg.max_header_bytes + 4 - buf_.size(), buf_.size() ? 16384 : 4096);
+    if (room == 0) room = 1;
     auto r = co_await (client_.socket().async_read_some(buf_.prepare(room), net::as_tuple(use_awaitable)) ||
                        head_timer_.async_wait(net::as_tuple(use_awaitable)));
     if (r.index() == 1) {
