@@ -3,6 +3,7 @@
 // observer, and durability across kill -9.
 #include "fence_store/store.h"
 
+#include "tests/support/store_fixture.h"
 #include <doctest/doctest.h>
 #include <poll.h>
 #include <signal.h>
@@ -28,28 +29,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory under /tmp, removed at the end of the test.
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/fg-store-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string db() const { return dir + "/fence.db"; }
-  std::string dir;
+// A fresh directory for fence.db, removed at the end of the test.
+struct TempDir : fencegate::testing::StoreDir {
+  TempDir() : StoreDir("fg-store-test") {}
 };
-
-std::unique_ptr<Store> must_open(const std::string& path) {
-  std::string err;
-  auto s = Store::open(path, &err);
-  INFO(err);
-  REQUIRE(s != nullptr);
-  return s;
-}
+using fencegate::testing::must_open;
 
 Status advance_sync(Store& s, const std::string& r, std::int64_t g, const std::string& leader) {
   std::promise<Status> p;

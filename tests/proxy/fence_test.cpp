@@ -7,6 +7,7 @@
 // The rest use the real SQLite store in a temp directory.
 #include "proxy/fence.h"
 
+#include "tests/support/store_fixture.h"
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -186,28 +187,11 @@ class Later {
   std::shared_ptr<State> st_;
 };
 
-// A fresh directory under /tmp, removed at the end of the test.
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/fg-fence-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    dir = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
-  std::string db() const { return dir + "/fence.db"; }
-  std::string dir;
+// A fresh directory for fence.db, removed at the end of the test.
+struct TempDir : fencegate::testing::StoreDir {
+  TempDir() : StoreDir("fg-fence-test") {}
 };
-
-std::unique_ptr<Store> must_open(const std::string& path) {
-  std::string err;
-  auto s = Store::open(path, &err);
-  INFO(err);
-  REQUIRE(s != nullptr);
-  return s;
-}
+using fencegate::testing::must_open;
 
 // Waits (bounded) until every queued store item has completed, so no completion can run into a
 // Fence that is about to be destroyed.
