@@ -366,8 +366,6 @@ bool is_loopback_host(const std::string& host) {
   return false;
 }
 
-const char* const kRouteKeys[] = {"prefix", "upstream", "resource", "mode", "write_methods", "fence_reads", "authority"};
-
 std::string mode_error(std::string_view got) {
   return "must be one of enforce, observe, off (got " + quote(got) + ")";
 }

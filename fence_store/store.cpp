@@ -331,12 +331,12 @@ class OwnedStore final : public Store {
   std::string start() {
     const char* sqls[] = {
         "BEGIN IMMEDIATE", "COMMIT", "ROLLBACK",
-        "INSERT INTO resources(resource, generation, advanced_at_ms, advanced_by) VALUES(?1, ?2, ?3, ?4)"
-        " ON CONFLICT(resource) DO UPDATE SET generation = excluded.generation,"
-        " advanced_at_ms = excluded.advanced_at_ms, advanced_by = excluded.advanced_by"
-        " WHERE excluded.generation > resources.generation",
-        "INSERT INTO audit(time_ms, resource, decision, presented_generation, current_generation, method,"
-        " target, client, leader, mode, user_agent) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+        ("INSERT INTO resources(resource, generation, advanced_at_ms, advanced_by) VALUES(?1, ?2, ?3, ?4)"
+         " ON CONFLICT(resource) DO UPDATE SET generation = excluded.generation,"
+         " advanced_at_ms = excluded.advanced_at_ms, advanced_by = excluded.advanced_by"
+         " WHERE excluded.generation > resources.generation"),
+        ("INSERT INTO audit(time_ms, resource, decision, presented_generation, current_generation, method,"
+         " target, client, leader, mode, user_agent) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
         // Retention: each runs in autocommit mode, one chunk per transaction. A DELETE that matches
         // nothing writes no WAL frame, so an idle check costs an index probe and no fsync.
         "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)",
