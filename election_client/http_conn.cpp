@@ -159,20 +159,24 @@ struct HttpConnection::Impl {
     return req;
   }
 
-  awaitable<Attempt> unary(std::string target, std::string body, HttpHeaders headers, Clock::time_point deadline,
-                           HttpResponse* out) {
-    Attempt a;
+  // Connects if needed and writes one POST; the deadline covers both.
+  awaitable<beast::error_code> send(std::string_view target, std::string_view body, const HttpHeaders& headers,
+                                    Clock::time_point deadline) {
     if (!stream) {
-      a.ec = co_await connect(deadline);
-      if (a.ec) co_return a;
+      beast::error_code cec = co_await connect(deadline);
+      if (cec) co_return cec;
     }
     auto req = make_request(target, body, headers);
     stream->expires_at(deadline);
     auto [wec, wn] = co_await http::async_write(*stream, req, net::as_tuple(use_awaitable));
-    if (wec) {
-      a.ec = wec;
-      co_return a;
-    }
+    co_return wec;
+  }
+
+  awaitable<Attempt> unary(std::string target, std::string body, HttpHeaders headers, Clock::time_point deadline,
+                           HttpResponse* out) {
+    Attempt a;
+    a.ec = co_await send(target, body, headers, deadline);
+    if (a.ec) co_return a;
     http::response_parser<http::string_body> p;
     p.header_limit(64 * 1024);
     p.body_limit(opt.max_body_bytes);
@@ -197,17 +201,8 @@ struct HttpConnection::Impl {
                                std::chrono::milliseconds idle, const std::function<bool(std::string_view)>* on_line,
                                HttpResponse* error_out) {
     Attempt a;
-    if (!stream) {
-      a.ec = co_await connect(head_deadline);
-      if (a.ec) co_return a;
-    }
-    auto req = make_request(target, body, {});
-    stream->expires_at(head_deadline);
-    auto [wec, wn] = co_await http::async_write(*stream, req, net::as_tuple(use_awaitable));
-    if (wec) {
-      a.ec = wec;
-      co_return a;
-    }
+    a.ec = co_await send(target, body, {}, head_deadline);
+    if (a.ec) co_return a;
     http::response_parser<http::string_body> p;
     p.header_limit(64 * 1024);
     p.body_limit(boost::none);  // the stream is consumed line by line below
