@@ -540,4 +540,65 @@ TEST_CASE("fault schedules: seeded randomized schedules keep the fencing contrac
   CHECK(totals.failed_schedules == 0);
 }
 
+TEST_CASE("fault schedules: a tampered recording of a real run is caught (the pipeline can fail)") {
+  // One real schedule without faults, recorded exactly as above; then each tampering must be
+  // reported under its property. Guards against a recorder that silently records nothing useful.
+  Totals totals;
+  Plan plan = make_plan(7);
+  plan.faults.clear();
+  plan.p_pause = 0;
+  plan.traffic_ms = 1200;
+  Run run(plan);
+  std::string harness_error;
+  fault::History h = run.execute(totals, &harness_error);
+  INFO(run.proxy_log());
+  REQUIRE(harness_error.empty());
+  auto clean = fault::check(h);
+  REQUIRE_MESSAGE(clean.empty(), fault::describe(clean));
+
+  const fault::ClientOp* rejected = nullptr;
+  std::size_t ok2xx = 0;
+  for (const auto& c : h.client) {
+    if (c.status == 409 && !rejected) rejected = &c;
+    ok2xx += c.status >= 200 && c.status < 300;
+  }
+  REQUIRE(rejected != nullptr);
+  REQUIRE(ok2xx >= 10);
+  auto has = [](const std::vector<fault::Violation>& v, const std::string& p) {
+    return std::any_of(v.begin(), v.end(), [&](const auto& x) { return x.property == p; });
+  };
+  {
+    fault::History t = h;  // lose the 409's audit row
+    std::erase_if(t.audit, [&](const auto& a) { return a.op_id == rejected->op_id; });
+    CHECK(has(fault::check(t), "4-audit"));
+  }
+  {
+    fault::History t = h;  // a forwarded write vanishes from the upstream's record
+    std::erase_if(t.upstream, [&](const auto& u) { return u.op_id == t.upstream.front().op_id; });
+    CHECK(has(fault::check(t), "3-match"));
+  }
+  {
+    fault::History t = h;  // the upstream receives one write twice
+    t.upstream.push_back(t.upstream.back());
+    CHECK(has(fault::check(t), "3-match"));
+  }
+  {
+    fault::History t = h;  // the last forwarded write of r0 arrives with a lower generation
+    fault::UpstreamOp late = t.upstream.back();
+    late.op_id = "forged";
+    late.generation = 1;
+    late.arrival = late.completion = late.completion + 1ms;
+    t.upstream.push_back(late);
+    CHECK(has(fault::check(t), "1-order"));
+  }
+  {
+    fault::History t = h;  // the stored generation went back to 1 after the run
+    REQUIRE_FALSE(t.stored.empty());
+    t.stored.push_back(t.stored.back());
+    t.stored.back().generation = 0;
+    t.stored.back().at = t.stored.back().at + 1ms;
+    CHECK(has(fault::check(t), "5-stored"));
+  }
+}
+
 }  // TEST_SUITE
