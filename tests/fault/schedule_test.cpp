@@ -40,7 +40,7 @@ namespace fault = fencegate::fault;
 
 namespace {
 
-constexpr int kQuickSchedules = 20;
+constexpr int kQuickSchedules = 24;
 constexpr int kDrainTimeoutMs = 300;
 constexpr int kUpstreamTimeoutMs = 1500;
 
