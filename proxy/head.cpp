@@ -48,6 +48,31 @@ HeadScan bad(std::string reason) {
 
 bool is_field_vchar(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
 
+// Parses the field lines of `head` (every line ends in CRLF) from `pos` on. Returns nullptr, or
+// why the block is refused.
+const char* scan_fields(std::string_view head, std::size_t pos, std::vector<HeadField>* fields) {
+  while (pos < head.size()) {
+    std::size_t e = head.find("\r\n", pos);
+    std::string_view line = head.substr(pos, e - pos);
+    pos = e + 2;
+    if (line.empty()) return "malformed header block";
+    unsigned char first = static_cast<unsigned char>(line[0]);
+    if (first == ' ' || first == '\t') return "obsolete line folding in a header";
+    std::size_t colon = line.find(':');
+    if (colon == std::string_view::npos || colon == 0) return "header line without a field name";
+    std::string_view name = line.substr(0, colon);
+    for (unsigned char c : name)
+      if (!is_tchar(c)) return "invalid character in header field name";
+    std::string_view value = line.substr(colon + 1);
+    for (unsigned char c : value)
+      if (!is_field_vchar(c)) return "invalid character in header field value";
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    fields->push_back({name, value});
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 bool head_prefix_hopeless(std::string_view data, std::size_t from) {
@@ -108,23 +133,7 @@ HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, Request
   else if (version == "HTTP/1.0") h.version = 10;
   else return bad("unsupported HTTP version (HTTP/1.1 and HTTP/1.0 only)");
 
-  while (pos < head.size()) {
-    next_line(line);
-    if (line.empty()) return bad("malformed header block");
-    unsigned char first = static_cast<unsigned char>(line[0]);
-    if (first == ' ' || first == '\t') return bad("obsolete line folding in a header");
-    std::size_t colon = line.find(':');
-    if (colon == std::string_view::npos || colon == 0) return bad("header line without a field name");
-    std::string_view name = line.substr(0, colon);
-    for (unsigned char c : name)
-      if (!is_tchar(c)) return bad("invalid character in header field name");
-    std::string_view value = line.substr(colon + 1);
-    for (unsigned char c : value)
-      if (!is_field_vchar(c)) return bad("invalid character in header field value");
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
-    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
-    h.fields.push_back({name, value});
-  }
+  if (const char* why = scan_fields(head, pos, &h.fields)) return bad(why);
 
   if (out) *out = std::move(h);
   HeadScan s;
@@ -165,6 +174,53 @@ Framing check_framing(const RequestHead& h) {
   if (h.version == 10 && nhost > 1) return fail("several Host headers");
   f.ok = true;
   return f;
+}
+
+HeadScan scan_response_head(std::string_view data, std::size_t max_bytes, ResponseHead* out) {
+  std::size_t end = data.find("\r\n\r\n");
+  if (end == std::string_view::npos) {
+    if (head_prefix_hopeless(data, 0)) return bad("bare CR or LF, or NUL, in the response head");
+    HeadScan s;
+    s.status = data.size() >= max_bytes ? HeadStatus::too_large : HeadStatus::incomplete;
+    return s;
+  }
+  if (end + 4 > max_bytes) {
+    HeadScan s;
+    s.status = HeadStatus::too_large;
+    return s;
+  }
+  std::string_view head = data.substr(0, end + 2);
+  std::size_t eol = head.find("\r\n");
+  std::string_view line = head.substr(0, eol);
+  // status-line = HTTP-version SP 3DIGIT SP [ reason-phrase ]   (a missing last SP is tolerated)
+  ResponseHead h;
+  if (line.size() < 12 || line.substr(0, 7) != "HTTP/1." || (line[7] != '0' && line[7] != '1') || line[8] != ' ')
+    return bad("malformed status line");
+  h.version = line[7] == '1' ? 11 : 10;
+  for (int i = 9; i < 12; ++i)
+    if (line[i] < '0' || line[i] > '9') return bad("malformed status code");
+  h.status = (line[9] - '0') * 100 + (line[10] - '0') * 10 + (line[11] - '0');
+  if (h.status < 100) return bad("malformed status code");
+  if (line.size() > 12) {
+    if (line[12] != ' ') return bad("malformed status line");
+    for (unsigned char c : line.substr(13))
+      if (!is_field_vchar(c)) return bad("invalid character in reason phrase");
+  }
+  if (const char* why = scan_fields(head, eol + 2, &h.fields)) return bad(why);
+  if (out) *out = std::move(h);
+  HeadScan s;
+  s.status = HeadStatus::complete;
+  s.length = end + 4;
+  return s;
+}
+
+std::size_t ResponseHead::count(std::string_view name, std::string_view* first) const {
+  std::size_t n = 0;
+  for (const auto& f : fields)
+    if (iequals(f.name, name)) {
+      if (n++ == 0 && first) *first = f.value;
+    }
+  return n;
 }
 
 }  // namespace fencegate::proxy

@@ -60,6 +60,18 @@ struct Framing {
 // Checks message framing and Host of a complete head.
 Framing check_framing(const RequestHead& h);
 
+// An upstream's response head (views into the scanned bytes).
+struct ResponseHead {
+  int version = 11;  // 10 or 11
+  int status = 0;
+  std::vector<HeadField> fields;
+  std::size_t count(std::string_view name, std::string_view* first = nullptr) const;
+};
+
+// Scans `data` for a complete response head (status line and fields, the same field rules as
+// requests). On `complete`, fills *out with views into `data`.
+HeadScan scan_response_head(std::string_view data, std::size_t max_bytes, ResponseHead* out);
+
 bool iequals(std::string_view a, std::string_view b);
 bool is_tchar(unsigned char c);
 

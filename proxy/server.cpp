@@ -1,5 +1,14 @@
-// The fenced reverse proxy: listener, client sessions, upstream pool. The only translation unit
-// that includes Asio and Beast.
+// The fenced reverse proxy: listener, client sessions, upstream pool, and the HTTP/1.1 relay.
+//
+// The relay is our own, on plain Asio sockets: request heads come from the strict scanner in
+// proxy/head.h, bodies are framed by Content-Length or by proxy/framing.h's chunk decoder, and
+// every message that goes out (upstream or to the client) gets a head built here, so nothing
+// passes through that this file did not parse. Per request in the common case that is one read
+// from the client, one gather write upstream, one read of the response, one gather write back.
+//
+// Timeouts: each session has one deadline (head, body, upstream, client write: whatever it is
+// waiting for now) and each worker one watchdog timer that ticks every kWatchdogTick and cancels
+// the socket operations of sessions past their deadline. No timer is armed per operation.
 //
 // Threads: one io_context per worker thread (each runs single-threaded, so a session and the
 // upstream pool of its worker need no locks); the Store's thread commits; the Fence's timer thread
@@ -11,12 +20,11 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
-#include <boost/asio/experimental/awaitable_operators.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
 #include <csignal>
+#include <cstring>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -26,6 +34,7 @@
 #include "proxy/admin.h"
 #include "proxy/authority.h"
 #include "proxy/fence.h"
+#include "proxy/framing.h"
 #include "proxy/head.h"
 #include "proxy/log.h"
 #include "proxy/metrics.h"
@@ -35,19 +44,26 @@
 namespace fencegate::proxy {
 
 namespace net = boost::asio;
-namespace beast = boost::beast;
-namespace http = beast::http;
 using tcp = net::ip::tcp;
-using net::awaitable;
-using net::use_awaitable;
 using config::Mode;
-using namespace net::experimental::awaitable_operators;
+using Clock = std::chrono::steady_clock;
+
+// One concrete executor type everywhere: no type-erased executor on the request path.
+using Executor = net::io_context::executor_type;
+template <class T = void>
+using task = net::awaitable<T, Executor>;
+constexpr net::use_awaitable_t<Executor> use_task{};
+using Socket = net::basic_stream_socket<tcp, Executor>;
+using Timer = net::basic_waitable_timer<Clock, net::wait_traits<Clock>, Executor>;
+using Acceptor = net::basic_socket_acceptor<tcp, Executor>;
 
 namespace {
 
 constexpr std::size_t kRelayBuffer = 16 * 1024;
 constexpr std::size_t kMaxResponseHeader = 64 * 1024;
 constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this are skipped, not fatal
+constexpr auto kWatchdogTick = std::chrono::milliseconds(20);
+constexpr std::size_t kMaxGather = 32;               // chunk data runs re-framed per write
 
 // ---------------------------------------------------------------------------------------------
 // Shared state (constant after start, or atomic).
@@ -61,24 +77,72 @@ struct ServerState {
   std::atomic<std::size_t> active_requests{0};
 };
 
-struct UpConn {
-  explicit UpConn(net::io_context& ioc) : stream(ioc) {}
-  beast::tcp_stream stream;
-  beast::flat_buffer buf;
-  std::chrono::steady_clock::time_point idle_since;
+// A byte buffer with a read and a write end. Holds no memory while empty and released, so an
+// idle keep-alive connection costs no buffer.
+class ByteBuf {
+ public:
+  std::string_view view() const { return {p_.get() + b_, e_ - b_}; }
+  std::size_t size() const { return e_ - b_; }
+  bool empty() const { return b_ == e_; }
+  void consume(std::size_t n) {
+    b_ += n;
+    if (b_ >= e_) b_ = e_ = 0;
+  }
+  // Room for `want` more bytes at the end (moves the unread bytes to the front or grows).
+  net::mutable_buffer prepare(std::size_t want) {
+    if (cap_ - e_ < want) {
+      const std::size_t n = size();
+      if (b_ > 0 && cap_ - n >= want) {
+        std::memmove(p_.get(), p_.get() + b_, n);
+      } else {
+        std::size_t cap = std::max(n + want, cap_ * 2);
+        std::unique_ptr<char[]> q(new char[cap]);
+        if (n) std::memcpy(q.get(), p_.get() + b_, n);
+        p_ = std::move(q);
+        cap_ = cap;
+      }
+      b_ = 0;
+      e_ = n;
+    }
+    return net::buffer(p_.get() + e_, want);
+  }
+  void commit(std::size_t n) { e_ += n; }
+  // Frees the memory if nothing is unread.
+  void release() {
+    if (empty()) {
+      p_.reset();
+      cap_ = b_ = e_ = 0;
+    }
+  }
+
+ private:
+  std::unique_ptr<char[]> p_;
+  std::size_t cap_ = 0, b_ = 0, e_ = 0;
 };
 
+struct UpConn {
+  explicit UpConn(net::io_context& ioc) : sock(ioc.get_executor()) {}
+  Socket sock;
+  ByteBuf buf;
+};
+
+class Session;
+
 struct Worker {
+  // Declared before ioc: sessions still suspended when ioc is destroyed unlink themselves.
+  Session* sessions = nullptr;  // intrusive list, for the watchdog
   net::io_context ioc{1};
   // Guarded by running on ioc's single thread.
   std::unordered_map<std::string, std::vector<std::unique_ptr<UpConn>>> idle;
+  Timer watchdog{ioc.get_executor()};
+  void start_watchdog();
 };
 
 // A value produced on another thread and awaited by a session coroutine on its io_context.
 template <class T>
 struct Slot {
-  explicit Slot(net::io_context& ioc) : timer(ioc, net::steady_timer::time_point::max()) {}
-  net::steady_timer timer;
+  explicit Slot(net::io_context& ioc) : timer(ioc.get_executor(), Timer::time_point::max()) {}
+  Timer timer;
   std::optional<T> value;
 
   // Called from any thread: hands the value to the session's thread and wakes it.
@@ -88,10 +152,10 @@ struct Slot {
       s->timer.cancel();
     });
   }
-  awaitable<T> wait() {
+  task<T> wait() {
     while (!value) {
       boost::system::error_code ec;
-      co_await timer.async_wait(net::redirect_error(use_awaitable, ec));
+      co_await timer.async_wait(net::redirect_error(use_task, ec));
     }
     co_return std::move(*value);
   }
@@ -208,38 +272,35 @@ void for_each_token(std::string_view v, F&& f) {
   }
 }
 
-// Removes hop-by-hop fields (RFC 9110 7.6.1), including those named in Connection.
-template <class Fields>
-void strip_hop_by_hop(Fields& fields) {
-  std::vector<std::string> named;
-  for (auto it = fields.find(http::field::connection); it != fields.end() && it->name() == http::field::connection; ++it)
-    for_each_token(it->value(), [&](std::string_view t) { named.emplace_back(t); });
-  for (auto it = fields.begin(); it != fields.end();) {
-    std::string_view n = it->name_string();
-    bool drop = is_hop_by_hop(n);
-    for (const auto& x : named)
-      if (!drop && iequals(n, x)) drop = true;
-    it = drop ? fields.erase(it) : std::next(it);
-  }
+// Names listed in the Connection fields of a head (hop-by-hop by declaration).
+template <class Head>
+std::vector<std::string_view> connection_named(const Head& h) {
+  std::vector<std::string_view> named;
+  for (const auto& f : h.fields)
+    if (iequals(f.name, "Connection")) for_each_token(f.value, [&](std::string_view t) { named.push_back(t); });
+  return named;
 }
 
-std::string joined_values(const http::fields& f, std::string_view name) {
-  std::string out;
-  for (auto it = f.begin(); it != f.end(); ++it) {
-    if (!iequals(it->name_string(), name)) continue;
-    if (!out.empty()) out += ", ";
-    out += it->value();
-  }
-  return out;
+bool named_in(const std::vector<std::string_view>& named, std::string_view n) {
+  for (auto x : named)
+    if (iequals(n, x)) return true;
+  return false;
 }
 
-void set_nodelay(tcp::socket& s) {
+void append_field(std::string& out, std::string_view name, std::string_view value) {
+  out += name;
+  out += ": ";
+  out += value;
+  out += "\r\n";
+}
+
+void set_nodelay(Socket& s) {
   boost::system::error_code ec;
   s.set_option(tcp::no_delay(true), ec);
 }
 
 // True iff an idle pooled connection still looks usable (peer has not closed it).
-bool still_open(tcp::socket& s) {
+bool still_open(Socket& s) {
   char c;
   ssize_t n = ::recv(s.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
   if (n == 0) return false;                                      // orderly close
@@ -247,39 +308,75 @@ bool still_open(tcp::socket& s) {
   return errno == EAGAIN || errno == EWOULDBLOCK;
 }
 
+// Writes every buffer of `bufs` (a gather write: one sendmsg when the socket takes it all).
+template <class Buffers>
+task<boost::system::error_code> write_all(Socket& s, const Buffers& bufs) {
+  boost::system::error_code ec;
+  co_await net::async_write(s, bufs, net::redirect_error(use_task, ec));
+  co_return ec;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Session.
 
 class Session {
  public:
-  Session(ServerState& st, Worker& w, tcp::socket sock)
+  Session(ServerState& st, Worker& w, Socket sock)
       : st_(st), rt_(st.rt), w_(w), client_(std::move(sock)), snap_(rt_.snapshot()) {
     boost::system::error_code ec;
-    auto ep = client_.socket().remote_endpoint(ec);
+    auto ep = client_.remote_endpoint(ec);
     if (!ec) {
       client_ip_ = ep.address().to_string();
       client_addr_ = ep.address().is_v6() ? "[" + client_ip_ + "]:" + std::to_string(ep.port())
                                            : client_ip_ + ":" + std::to_string(ep.port());
       client_v6_ = ep.address().is_v6();
     }
-    set_nodelay(client_.socket());
+    set_nodelay(client_);
+    next_ = w_.sessions;
+    if (next_) next_->prev_ = this;
+    w_.sessions = this;
+  }
+  ~Session() {
+    if (prev_) prev_->next_ = next_;
+    else w_.sessions = next_;
+    if (next_) next_->prev_ = prev_;
+  }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  task<void> run();
+
+  // Watchdog (on the worker's thread): past the deadline, cancel what the session waits for.
+  static void check_deadlines(Worker& w, Clock::time_point now) {
+    for (Session* s = w.sessions; s; s = s->next_) {
+      if (s->deadline_ > now) continue;
+      s->deadline_ = Clock::time_point::max();
+      s->timed_out_ = true;
+      boost::system::error_code ec;
+      s->client_.cancel(ec);
+      if (s->waiting_up_) s->waiting_up_->sock.cancel(ec);
+    }
   }
 
-  awaitable<void> run();
-
  private:
-  struct Request;  // per-request state
-  awaitable<bool> read_head(std::size_t* head_len, bool first);
-  awaitable<bool> handle(std::size_t head_len);
-  awaitable<bool> reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks);
-  awaitable<store::Status> audit_sync(store::AuditRow row);
-  awaitable<bool> discard(std::uint64_t n);
-  awaitable<bool> forward(http::request_parser<http::buffer_body>& p, const config::Route& route,
-                          const std::string& resource, bool client_keep_alive, int version, bool expect_continue,
-                          std::shared_ptr<Exchange> ex, const FenceMarks& marks);
-  awaitable<std::unique_ptr<UpConn>> take_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
-                                                   boost::system::error_code& ec);
+  task<bool> read_head(std::size_t* head_len, bool first);
+  task<bool> handle(std::size_t head_len);
+  task<bool> reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks);
+  task<store::Status> audit_sync(store::AuditRow row);
+  task<bool> discard(std::uint64_t n);
+  task<bool> forward(const RequestHead& head, const Framing& fr, std::size_t head_len, const config::Route& route,
+                     const std::string& resource, bool client_keep_alive, bool expect_continue,
+                     std::shared_ptr<Exchange> ex, const FenceMarks& marks);
+  task<std::unique_ptr<UpConn>> take_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
+                                              boost::system::error_code& ec);
   void give_back(const config::Route& route, std::unique_ptr<UpConn> c);
+
+  // Deadline of what the session is about to wait for (none: Clock::time_point::max()).
+  void arm(std::chrono::milliseconds t) { deadline_ = Clock::now() + t; }
+  void disarm() { deadline_ = Clock::time_point::max(); }
+  // Reads some bytes from the client into in_ under `timeout`. Returns the error (the watchdog's
+  // cancellation shows up as timed_out_).
+  task<boost::system::error_code> read_client(std::size_t want, std::chrono::milliseconds timeout);
 
   const config::Config& cfg() const { return *snap_->cfg; }
   void count(const std::string& resource, Outcome o) { rt_.metrics.count(resource, o); }
@@ -287,15 +384,29 @@ class Session {
   ServerState& st_;
   Runtime& rt_;
   Worker& w_;
-  beast::tcp_stream client_;
-  net::steady_timer head_timer_{w_.ioc};
-  beast::flat_buffer buf_;
+  Socket client_;
+  ByteBuf in_;                            // bytes from the client not yet used
+  std::string out_;                       // the head being sent (upstream or client)
   std::shared_ptr<const Snapshot> snap_;  // the config this request runs under
   std::string client_ip_, client_addr_;
   bool client_v6_ = false;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  bool timed_out_ = false;
+  UpConn* waiting_up_ = nullptr;          // the upstream connection in use, for the watchdog
+  Session* prev_ = nullptr;
+  Session* next_ = nullptr;
 };
 
-awaitable<void> Session::run() {
+void Worker::start_watchdog() {
+  watchdog.expires_after(kWatchdogTick);
+  watchdog.async_wait([this](boost::system::error_code ec) {
+    if (ec) return;
+    Session::check_deadlines(*this, Clock::now());
+    start_watchdog();
+  });
+}
+
+task<void> Session::run() {
   bool first = true;
   for (;;) {
     std::size_t head_len = 0;
@@ -312,22 +423,33 @@ awaitable<void> Session::run() {
     st_.active_requests.fetch_sub(1, std::memory_order_relaxed);
     if (!again || rt_.stopping.load(std::memory_order_relaxed)) break;
   }
+  disarm();
   boost::system::error_code ec;
-  client_.socket().shutdown(tcp::socket::shutdown_send, ec);
-  client_.close();
+  client_.shutdown(tcp::socket::shutdown_send, ec);
+  client_.close(ec);
 }
 
-// Reads until buf_ holds a complete request head. Returns false when the connection should just
+task<boost::system::error_code> Session::read_client(std::size_t want, std::chrono::milliseconds timeout) {
+  arm(timeout);
+  boost::system::error_code ec;
+  std::size_t n = co_await client_.async_read_some(in_.prepare(want), net::redirect_error(use_task, ec));
+  disarm();
+  in_.commit(n);
+  if (timed_out_) ec = net::error::timed_out;
+  co_return ec;
+}
+
+// Reads until in_ holds a complete request head. Returns false when the connection should just
 // close (peer closed, idle timeout, or an error reply was already sent).
-awaitable<bool> Session::read_head(std::size_t* head_len, bool first) {
+task<bool> Session::read_head(std::size_t* head_len, bool first) {
   const auto& cfg = this->cfg();
   std::size_t checked = 0;
-  bool started = buf_.size() > 0;
-  auto deadline = std::chrono::steady_clock::now() + (started || first ? cfg.header_timeout : cfg.idle_timeout);
-  client_.expires_never();
+  bool started = !in_.empty();
+  timed_out_ = false;
+  auto deadline = Clock::now() + (started || first ? cfg.header_timeout : cfg.idle_timeout);
   for (;;) {
-    if (buf_.size() > 0) {
-      std::string_view data(static_cast<const char*>(buf_.data().data()), buf_.size());
+    if (!in_.empty()) {
+      std::string_view data = in_.view();
       // Cheap incremental check first; the full scan runs once the head looks complete.
       bool maybe_done = data.find("\r\n\r\n", checked > 3 ? checked - 3 : 0) != std::string_view::npos;
       if (maybe_done || head_prefix_hopeless(data, checked) || data.size() >= cfg.max_header_bytes) {
@@ -349,60 +471,59 @@ awaitable<bool> Session::read_head(std::size_t* head_len, bool first) {
       }
       checked = data.size();
     }
-    // The head's deadline is our own timer, not the stream's: a stream timeout closes the
-    // socket, and a client whose head stalled is owed a 408.
-    head_timer_.expires_at(deadline);
-    if (buf_.size() == 0) {
-      // An idle keep-alive connection holds no read buffer: wait until bytes arrive, then read.
-      // (10,000 idle clients would otherwise pin 16 KiB each.)
-      buf_.shrink_to_fit();
-      auto w = co_await (client_.socket().async_wait(tcp::socket::wait_read, net::as_tuple(use_awaitable)) ||
-                         head_timer_.async_wait(net::as_tuple(use_awaitable)));
-      if (w.index() == 1) co_return false;  // idle timeout: nothing was sent, just close
-      if (auto [wec] = std::get<0>(w); wec) co_return false;
+    deadline_ = deadline;
+    boost::system::error_code ec;
+    if (in_.empty()) {
+      // An idle keep-alive connection holds no buffers: wait until bytes arrive, then read.
+      in_.release();
+      if (out_.capacity() > 1024) std::string().swap(out_);
+      co_await client_.async_wait(tcp::socket::wait_read, net::redirect_error(use_task, ec));
+      if (ec || timed_out_) {  // idle timeout: nothing was sent, just close
+        disarm();
+        co_return false;
+      }
     }
-    std::size_t room = std::min<std::size_t>(cfg.max_header_bytes + 4 - buf_.size(), buf_.size() ? 16384 : 4096);
+    std::size_t room = std::min<std::size_t>(cfg.max_header_bytes + 4 - in_.size(), in_.size() ? 16384 : 4096);
     if (room == 0) room = 1;
-    auto r = co_await (client_.socket().async_read_some(buf_.prepare(room), net::as_tuple(use_awaitable)) ||
-                       head_timer_.async_wait(net::as_tuple(use_awaitable)));
-    if (r.index() == 1) {
-      if (buf_.size() > 0)
+    std::size_t n = co_await client_.async_read_some(in_.prepare(room), net::redirect_error(use_task, ec));
+    in_.commit(n);
+    disarm();
+    if (timed_out_) {
+      if (!in_.empty()) {
+        timed_out_ = false;
         co_await reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
                        false, 11, kNoMarks);
+      }
       co_return false;
     }
-    auto [ec, n] = std::get<0>(r);
-    buf_.commit(n);
     if (ec) co_return false;
     if (!started) {
       started = true;
-      deadline = std::chrono::steady_clock::now() + cfg.header_timeout;
+      deadline = Clock::now() + cfg.header_timeout;
     }
   }
 }
 
-awaitable<bool> Session::reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks) {
+task<bool> Session::reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks) {
   std::string r = local_reply(p, keep_alive, version, marks);
-  boost::system::error_code ec;
-  client_.expires_after(cfg().body_timeout);
-  co_await net::async_write(client_, net::buffer(r), net::redirect_error(use_awaitable, ec));
-  co_return !ec && keep_alive;
+  timed_out_ = false;
+  arm(cfg().body_timeout);
+  boost::system::error_code ec = co_await write_all(client_, net::buffer(r));
+  disarm();
+  co_return !ec && !timed_out_ && keep_alive;
 }
 
 // Reads and drops the next n body bytes. Returns false if they did not arrive.
-awaitable<bool> Session::discard(std::uint64_t n) {
-  while (buf_.size() < n) {
-    boost::system::error_code ec;
-    client_.expires_after(cfg().body_timeout);
-    std::size_t got = co_await client_.async_read_some(buf_.prepare(n - buf_.size()), net::redirect_error(use_awaitable, ec));
-    buf_.commit(got);
+task<bool> Session::discard(std::uint64_t n) {
+  while (in_.size() < n) {
+    auto ec = co_await read_client(static_cast<std::size_t>(n - in_.size()), cfg().body_timeout);
     if (ec) co_return false;
   }
-  buf_.consume(n);
+  in_.consume(static_cast<std::size_t>(n));
   co_return true;
 }
 
-awaitable<store::Status> Session::audit_sync(store::AuditRow row) {
+task<store::Status> Session::audit_sync(store::AuditRow row) {
   auto slot = std::make_shared<Slot<store::Status>>(w_.ioc);
   net::io_context& ioc = w_.ioc;
   rt_.store.append_audit(std::move(row), [slot, &ioc](store::Status st) { Slot<store::Status>::fulfil(slot, ioc, std::move(st)); });
@@ -411,9 +532,9 @@ awaitable<store::Status> Session::audit_sync(store::AuditRow row) {
 
 enum class TokenState { ok, missing, malformed };
 
-awaitable<bool> Session::handle(std::size_t head_len) {
+task<bool> Session::handle(std::size_t head_len) {
   const auto& cfg = this->cfg();
-  std::string_view data(static_cast<const char*>(buf_.data().data()), buf_.size());
+  std::string_view data = in_.view();
   RequestHead head;
   scan_request_head(data, cfg.max_header_bytes, &head);
   const int version = head.version;
@@ -438,11 +559,11 @@ awaitable<bool> Session::handle(std::size_t head_len) {
   // A request refused before its body was read keeps the connection only if its body is small
   // and Content-Length framed: the body is then read and discarded. Otherwise the connection
   // closes after the reply.
-  auto refuse = [&](Problem p, const FenceMarks& m = kNoMarks) -> awaitable<bool> {
+  auto refuse = [&](Problem p, const FenceMarks& m = kNoMarks) -> task<bool> {
     const bool can_skip = client_keep_alive &&
         (!has_body || (!fr.chunked && !expect_continue && *fr.content_length <= kDiscardLimit));
     if (!co_await reply(p, can_skip, version, m)) co_return false;
-    buf_.consume(head_len);
+    in_.consume(head_len);
     if (has_body) co_return co_await discard(*fr.content_length);
     co_return true;
   };
@@ -649,8 +770,8 @@ awaitable<bool> Session::handle(std::size_t head_len) {
               e->aborted = true;
               if (e->up) {
                 boost::system::error_code ec;
-                e->up->stream.socket().shutdown(tcp::socket::shutdown_both, ec);
-                e->up->stream.socket().close(ec);
+                e->up->sock.shutdown(tcp::socket::shutdown_both, ec);
+                e->up->sock.close(ec);
               }
             }
           });
@@ -700,76 +821,67 @@ awaitable<bool> Session::handle(std::size_t head_len) {
     }
   }
 
-  // Hand the head to Beast for body framing and serialization (it was already validated).
-  http::request_parser<http::buffer_body> p;
-  p.eager(false);
-  p.header_limit(static_cast<std::uint32_t>(cfg.max_header_bytes + 64));
-  p.body_limit(cfg.max_body_bytes);
-  {
-    boost::system::error_code ec;
-    std::size_t used = p.put(net::buffer(buf_.data().data(), head_len), ec);
-    if (ec || !p.is_header_done() || used != head_len) {
-      co_return co_await reply(Problem{400, "bad-request", "Bad request",
-                                       "unparseable request head" + (ec ? ": " + ec.message() : std::string())},
-                               false, version, marks);
-    }
-    buf_.consume(head_len);
-  }
-  co_return co_await forward(p, route, m.resource, client_keep_alive, version, expect_continue, std::move(ex), marks);
+
+  co_return co_await forward(head, fr, head_len, route, m.resource, client_keep_alive, expect_continue, std::move(ex),
+                             marks);
 }
 
-awaitable<std::unique_ptr<UpConn>> Session::take_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
-                                                          boost::system::error_code& ec) {
+task<std::unique_ptr<UpConn>> Session::take_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
+                                                     boost::system::error_code& ec) {
   auto& pool = w_.idle[route.upstream];
   while (!pool.empty()) {
     auto c = std::move(pool.back());
     pool.pop_back();
-    if (still_open(c->stream.socket()) && c->buf.size() == 0) co_return c;
+    if (still_open(c->sock) && c->buf.empty()) co_return c;
   }
-  auto c = std::make_unique<UpConn>(w_.ioc);
-  ex->up = std::move(c);  // visible to a drain abort while connecting
-  ex->up->stream.expires_after(cfg().upstream_connect_timeout);
+  ex->up = std::make_unique<UpConn>(w_.ioc);  // visible to a drain abort while connecting
   std::vector<tcp::endpoint> endpoints;
   for (const auto& a : snap_->upstreams[snap_->route_index(&route)]) {
     boost::system::error_code aec;
     auto addr = net::ip::make_address(a.ip, aec);
     if (!aec) endpoints.emplace_back(addr, a.port);
   }
-  co_await ex->up->stream.async_connect(endpoints, net::redirect_error(use_awaitable, ec));
-  c = std::move(ex->up);
-  if (!ec) set_nodelay(c->stream.socket());
+  waiting_up_ = ex->up.get();
+  arm(cfg().upstream_connect_timeout);
+  co_await net::async_connect(ex->up->sock, endpoints, net::redirect_error(use_task, ec));
+  disarm();
+  waiting_up_ = nullptr;
+  if (timed_out_) ec = net::error::timed_out;
+  std::unique_ptr<UpConn> c = std::move(ex->up);
+  if (!ec) set_nodelay(c->sock);
   co_return c;
 }
 
 void Session::give_back(const config::Route& route, std::unique_ptr<UpConn> c) {
   auto& pool = w_.idle[route.upstream];
   if (pool.size() >= cfg().upstream_idle_per_thread) return;
-  c->stream.expires_never();
-  c->idle_since = std::chrono::steady_clock::now();
   pool.push_back(std::move(c));
 }
 
-awaitable<bool> Session::forward(http::request_parser<http::buffer_body>& p, const config::Route& route,
-                                 const std::string& resource, bool client_keep_alive, int version,
-                                 bool expect_continue, std::shared_ptr<Exchange> ex, const FenceMarks& marks) {
+task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::size_t head_len,
+                            const config::Route& route, const std::string& resource, bool client_keep_alive,
+                            bool expect_continue, std::shared_ptr<Exchange> ex, const FenceMarks& marks) {
   const auto& cfg = this->cfg();
+  const int version = head.version;
+  const bool head_req = head.method == "HEAD";
   boost::system::error_code ec;
-  const auto started = std::chrono::steady_clock::now();
+  const auto started = Clock::now();
+  timed_out_ = false;
   count(resource, Outcome::forwarded);
   auto exchange_over = [&] {
     if (ex->node.resource || !ex->aborted) {
-      rt_.metrics.upstream_latency.observe(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+      rt_.metrics.upstream_latency.observe(std::chrono::duration<double>(Clock::now() - started).count());
     }
     ex->release();
   };
-
-  auto upstream_failed = [&](boost::system::error_code e, const char* stage) -> awaitable<bool> {
+  auto upstream_failed = [&](boost::system::error_code e, const char* stage) -> task<bool> {
+    waiting_up_ = nullptr;
     ex->release();
     count(resource, Outcome::upstream_error);
     log::warn("upstream exchange failed", {log::kv("upstream", route.upstream), log::kv("stage", stage),
                                            log::kv("error", e.message()), log::kv("aborted_by_drain", ex->aborted ? 1 : 0)});
-    if (ex->aborted || e == beast::error::timeout) {
+    const bool timeout = e == net::error::timed_out && std::string_view(stage) != "connect";
+    if (ex->aborted || timeout) {
       std::string detail = ex->aborted ? "a newer generation's drain timed out; this exchange was aborted"
                                        : std::string("the upstream did not answer in time (") + stage + ")";
       co_return co_await reply(Problem{504, "upstream-timeout", "Gateway timeout", detail}, false, version, marks);
@@ -778,173 +890,368 @@ awaitable<bool> Session::forward(http::request_parser<http::buffer_body>& p, con
                                      std::string("upstream ") + route.upstream + ": " + stage + ": " + e.message()},
                              false, version, marks);
   };
+  // The client's body stopped or broke: the upstream has an incomplete request, and its
+  // connection is closed with the exchange.
+  auto client_body_failed = [&](const char* why, bool too_large) -> task<bool> {
+    waiting_up_ = nullptr;
+    ex->release();
+    if (too_large)
+      co_await reply(Problem{413, "body-too-large", "Content too large",
+                             "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"},
+                     false, version, marks);
+    else if (timed_out_)
+      co_await reply(Problem{408, "request-timeout", "Request timeout", "the request body stalled"}, false, version,
+                     marks);
+    else if (why)
+      co_await reply(Problem{400, "bad-body", "Bad request", std::string("malformed request body: ") + why}, false,
+                     version, marks);
+    co_return false;
+  };
+  // Writes to the upstream / the client under their timeouts.
+  auto to_upstream = [&](const auto& bufs) -> task<boost::system::error_code> {
+    arm(cfg.upstream_timeout);
+    auto e = co_await write_all(ex->up->sock, bufs);
+    disarm();
+    co_return timed_out_ ? net::error::timed_out : e;
+  };
+  auto to_client = [&](const auto& bufs) -> task<bool> {
+    arm(cfg.body_timeout);
+    auto e = co_await write_all(client_, bufs);
+    disarm();
+    co_return !e && !timed_out_;
+  };
+
+  // The upstream request head: hop-by-hop fields go (RFC 9110 7.6.1), X-Forwarded-For and
+  // Forwarded get the client appended, framing is restated from what was validated.
+  {
+    const auto named = connection_named(head);
+    std::string xff, fwd;
+    out_.clear();
+    out_ += head.method;
+    out_ += ' ';
+    out_ += head.target;
+    out_ += " HTTP/1.1\r\n";
+    for (const auto& f : head.fields) {
+      const std::string_view n = f.name;
+      if (is_hop_by_hop(n) || named_in(named, n) || iequals(n, "Expect") || iequals(n, "Content-Length") ||
+          iequals(n, "Transfer-Encoding"))
+        continue;
+      if (iequals(n, "X-Forwarded-For") || iequals(n, "Forwarded")) {
+        std::string& acc = n.size() == 9 ? fwd : xff;
+        if (!acc.empty()) acc += ", ";
+        acc += f.value;
+        continue;
+      }
+      append_field(out_, n, f.value);
+    }
+    append_field(out_, "X-Forwarded-For", xff.empty() ? client_ip_ : xff + ", " + client_ip_);
+    std::string me = client_v6_ ? "for=\"[" + client_ip_ + "]\"" : "for=" + client_ip_;
+    append_field(out_, "Forwarded", fwd.empty() ? me : fwd + ", " + me);
+    if (fr.chunked) out_ += "Transfer-Encoding: chunked\r\n";
+    else if (fr.content_length) append_field(out_, "Content-Length", std::to_string(*fr.content_length));
+    out_ += "\r\n";
+  }
+  in_.consume(head_len);  // `head` is not used past this point
 
   // Upstream connection.
   std::unique_ptr<UpConn> conn = co_await take_upstream(route, ex, ec);
   if (ec || ex->aborted) co_return co_await upstream_failed(ec ? ec : net::error::operation_aborted, "connect");
   ex->up = std::move(conn);
   UpConn& up = *ex->up;
-
-  // Transform the header: hop-by-hop fields go, X-Forwarded-For and Forwarded are appended.
-  auto& req = p.get();
-  strip_hop_by_hop(req.base());
-  req.erase(http::field::expect);
-  {
-    std::string xff = joined_values(req.base(), "X-Forwarded-For");
-    req.erase("X-Forwarded-For");
-    req.set("X-Forwarded-For", xff.empty() ? client_ip_ : xff + ", " + client_ip_);
-    std::string fwd = joined_values(req.base(), "Forwarded");
-    req.erase(http::field::forwarded);
-    std::string me = client_v6_ ? "for=\"[" + client_ip_ + "]\"" : "for=" + client_ip_;
-    req.set(http::field::forwarded, fwd.empty() ? me : fwd + ", " + me);
-  }
-  req.version(11);
-  req.keep_alive(true);
+  waiting_up_ = &up;
 
   if (expect_continue) {
     static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-    client_.expires_after(cfg.body_timeout);
-    co_await net::async_write(client_, net::buffer(kContinue), net::redirect_error(use_awaitable, ec));
-    if (ec) co_return false;
+    if (!co_await to_client(net::buffer(kContinue))) co_return false;
   }
 
-  // Request: header, then the body streamed in fixed buffers.
-  {
-    char tmp[kRelayBuffer];
-    http::serializer<true, http::buffer_body> sr{req};
-    up.stream.expires_after(cfg.upstream_timeout);
-    co_await http::async_write_header(up.stream, sr, net::redirect_error(use_awaitable, ec));
+  // Request: the head with the first body bytes in one write, then the rest as it arrives.
+  std::vector<net::const_buffer> gather;
+  std::string frame;
+  if (!fr.chunked) {
+    std::uint64_t left = fr.content_length.value_or(0);
+    std::size_t pre = static_cast<std::size_t>(std::min<std::uint64_t>(left, in_.size()));
+    ec = co_await to_upstream(std::array<net::const_buffer, 2>{net::buffer(out_), net::buffer(in_.view().data(), pre)});
     if (ec) co_return co_await upstream_failed(ec, "send");
-    do {
-      if (!p.is_done()) {
-        req.body().data = tmp;
-        req.body().size = sizeof tmp;
-        client_.expires_after(cfg.body_timeout);
-        co_await http::async_read(client_, buf_, p, net::redirect_error(use_awaitable, ec));
-        if (ec == http::error::need_buffer) ec = {};
-        if (ec) {
-          ex->release();
-          if (ec == http::error::body_limit)
-            co_await reply(Problem{413, "body-too-large", "Content too large",
-                                   "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"},
-                           false, version, marks);
-          else if (ec == beast::error::timeout)
-            co_await reply(Problem{408, "request-timeout", "Request timeout", "the request body stalled"}, false,
-                           version, marks);
-          else if (ec != http::error::end_of_stream && ec != net::error::eof && ec != http::error::partial_message)
-            co_await reply(Problem{400, "bad-body", "Bad request", "malformed request body: " + ec.message()}, false,
-                           version, marks);
-          co_return false;
-        }
-        req.body().size = sizeof tmp - req.body().size;
-        req.body().data = tmp;
-        req.body().more = !p.is_done();
-      } else {
-        req.body().data = nullptr;
-        req.body().size = 0;
-        req.body().more = false;
-      }
-      up.stream.expires_after(cfg.upstream_timeout);
-      co_await http::async_write(up.stream, sr, net::redirect_error(use_awaitable, ec));
-      if (ec == http::error::need_buffer) ec = {};
+    in_.consume(pre);
+    left -= pre;
+    while (left > 0) {
+      ec = co_await read_client(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer)), cfg.body_timeout);
+      if (ec) co_return co_await client_body_failed(nullptr, false);
+      std::size_t n = std::min<std::size_t>(in_.size(), static_cast<std::size_t>(left));
+      ec = co_await to_upstream(net::buffer(in_.view().data(), n));
       if (ec) co_return co_await upstream_failed(ec, "send");
-    } while (!p.is_done() || !sr.is_done());
+      in_.consume(n);
+      left -= n;
+    }
+  } else {
+    // Every batch of decoded chunk data goes upstream as one chunk of our own framing.
+    ChunkDecoder dec(cfg.max_body_bytes);
+    bool head_sent = false;
+    for (;;) {
+      gather.clear();
+      if (!head_sent) gather.push_back(net::buffer(out_));
+      const std::size_t size_slot = gather.size();
+      gather.emplace_back();
+      std::string_view avail = in_.view();
+      std::size_t used = 0, total = 0;
+      while (used < avail.size() && !dec.done() && !dec.failed() && gather.size() < kMaxGather) {
+        std::string_view d;
+        used += dec.feed(avail.substr(used), &d);
+        if (!d.empty()) {
+          gather.push_back(net::buffer(d.data(), d.size()));
+          total += d.size();
+        }
+      }
+      if (dec.failed()) co_return co_await client_body_failed(dec.error(), dec.too_large());
+      frame.clear();
+      if (total) {
+        append_chunk_header(frame, total);
+        gather[size_slot] = net::buffer(frame);
+        gather.push_back(net::buffer(kChunkEnd));
+      }
+      if (dec.done()) gather.push_back(net::buffer(kLastChunk));
+      if (!head_sent || total || dec.done()) {
+        ec = co_await to_upstream(gather);
+        if (ec) co_return co_await upstream_failed(ec, "send");
+        head_sent = true;
+      }
+      in_.consume(used);
+      if (dec.done()) break;
+      if (in_.empty()) {
+        ec = co_await read_client(kRelayBuffer, cfg.body_timeout);
+        if (ec) co_return co_await client_body_failed(nullptr, false);
+      }
+    }
   }
 
-  // Response: skip interim 1xx, then relay header and body.
-  const bool head_req = req.method() == http::verb::head;
-  std::optional<http::response_parser<http::buffer_body>> rp;
+  // Response head; interim 1xx responses are dropped.
+  ResponseHead rh;
+  std::size_t rh_len = 0;
+  auto read_up = [&](std::size_t want) -> task<boost::system::error_code> {
+    arm(cfg.upstream_timeout);
+    boost::system::error_code e;
+    std::size_t n = co_await up.sock.async_read_some(up.buf.prepare(want), net::redirect_error(use_task, e));
+    disarm();
+    up.buf.commit(n);
+    co_return timed_out_ ? net::error::timed_out : e;
+  };
   for (;;) {
-    rp.emplace();
-    rp->header_limit(kMaxResponseHeader);
-    rp->body_limit(boost::none);
-    if (head_req) rp->skip(true);
-    up.stream.expires_after(cfg.upstream_timeout);
-    co_await http::async_read_header(up.stream, up.buf, *rp, net::redirect_error(use_awaitable, ec));
+    if (!up.buf.empty()) {
+      HeadScan s = scan_response_head(up.buf.view(), kMaxResponseHeader, &rh);
+      if (s.status == HeadStatus::complete) {
+        rh_len = s.length;
+        if (rh.status >= 100 && rh.status < 200 && rh.status != 101) {
+          up.buf.consume(rh_len);
+          continue;
+        }
+        break;
+      }
+      if (s.status != HeadStatus::incomplete) {
+        waiting_up_ = nullptr;
+        ex->release();
+        count(resource, Outcome::upstream_error);
+        std::string why = s.status == HeadStatus::bad ? s.reason : "response head too large";
+        log::warn("upstream sent a bad response", {log::kv("upstream", route.upstream), log::kv("error", why)});
+        co_return co_await reply(Problem{502, "upstream-error", "Bad gateway",
+                                         "upstream " + route.upstream + ": malformed response: " + why},
+                                 false, version, marks);
+      }
+    }
+    ec = co_await read_up(kRelayBuffer);
     if (ec) co_return co_await upstream_failed(ec, "response");
-    unsigned s = rp->get().result_int();
-    if (s >= 100 && s < 200 && s != 101) continue;
-    break;
   }
-  auto& res = rp->get();
-  if (res.result_int() == 101) {
+  if (rh.status == 101) {
+    waiting_up_ = nullptr;
     ex->release();
     co_return co_await reply(Problem{502, "upstream-error", "Bad gateway", "the upstream switched protocols"}, false,
                              version, marks);
   }
-  const bool upstream_reusable_hdr = res.keep_alive() && !rp->need_eof();
-  bool keep = client_keep_alive && !rt_.stopping.load(std::memory_order_relaxed);
-  strip_hop_by_hop(res.base());
-  if (marks.generation) res.set("Fencing-Generation", std::to_string(*marks.generation));
-  if (!marks.observe.empty()) res.set("Fencing-Observe", marks.observe);
-  const bool bodyless = head_req || res.result_int() == 204 || res.result_int() == 304;
-  if (!bodyless && !res.has_content_length() && !res.chunked()) {
-    // Close-delimited upstream body: chunk it for HTTP/1.1 clients, close after for 1.0.
-    if (version == 11) res.chunked(true);
-    else keep = false;
-  }
-  if (version == 10 && res.chunked()) {
-    res.chunked(false);
-    keep = false;
-  }
-  res.version(version);
-  res.keep_alive(keep);
 
+  // Response framing (RFC 9112 6.3).
+  enum class Body { none, length, chunked, until_close };
+  Body body = Body::until_close;
+  std::uint64_t body_len = 0;
+  std::string te_value;
   {
-    char tmp[kRelayBuffer];
-    http::serializer<false, http::buffer_body> sr{res};
-    client_.expires_after(cfg.body_timeout);
-    co_await http::async_write_header(client_, sr, net::redirect_error(use_awaitable, ec));
-    if (ec) co_return false;
-    do {
-      if (!rp->is_done()) {
-        res.body().data = tmp;
-        res.body().size = sizeof tmp;
-        up.stream.expires_after(cfg.upstream_timeout);
-        co_await http::async_read(up.stream, up.buf, *rp, net::redirect_error(use_awaitable, ec));
-        if (ec == http::error::need_buffer) ec = {};
-        if (ec) {
-          // The response header is already out: all we can do is cut the client connection.
-          log::warn("upstream response body failed", {log::kv("upstream", route.upstream), log::kv("error", ec.message())});
-          co_return false;
-        }
-        res.body().size = sizeof tmp - res.body().size;
-        res.body().data = tmp;
-        res.body().more = !rp->is_done();
-        if (rp->is_done()) exchange_over();  // the upstream exchange is over
-      } else {
-        exchange_over();
-        res.body().data = nullptr;
-        res.body().size = 0;
-        res.body().more = false;
+    std::string_view cl;
+    const std::size_t ncl = rh.count("Content-Length", &cl);
+    bool te_chunked = false, has_te = false;
+    for (const auto& f : rh.fields)
+      if (iequals(f.name, "Transfer-Encoding")) {
+        has_te = true;
+        if (!te_value.empty()) te_value += ", ";
+        te_value += f.value;
       }
-      client_.expires_after(cfg.body_timeout);
-      co_await http::async_write(client_, sr, net::redirect_error(use_awaitable, ec));
-      if (ec == http::error::need_buffer) ec = {};
-      if (ec) co_return false;
-    } while (!rp->is_done() || !sr.is_done());
+    if (has_te) {
+      std::string_view last;
+      for_each_token(te_value, [&](std::string_view t) { last = t; });
+      te_chunked = iequals(last, "chunked");
+    }
+    bool cl_ok = ncl > 0;
+    if (ncl) {
+      for (const auto& f : rh.fields) {
+        if (!iequals(f.name, "Content-Length")) continue;
+        if (f.value != cl || cl.empty() || cl.size() > 19 ||
+            cl.find_first_not_of("0123456789") != std::string_view::npos)
+          cl_ok = false;
+      }
+      if (cl_ok) body_len = std::stoull(std::string(cl));
+    }
+    if (head_req || rh.status == 204 || rh.status == 304) body = Body::none;
+    else if (has_te) body = te_chunked ? Body::chunked : Body::until_close;
+    else if (ncl && !cl_ok) {
+      waiting_up_ = nullptr;
+      ex->release();
+      count(resource, Outcome::upstream_error);
+      co_return co_await reply(Problem{502, "upstream-error", "Bad gateway",
+                                       "upstream " + route.upstream + ": invalid or conflicting Content-Length"},
+                               false, version, marks);
+    } else if (ncl) body = Body::length;
   }
+  bool up_reusable = rh.version == 11;
+  for (const auto& f : rh.fields)
+    if (iequals(f.name, "Connection"))
+      for_each_token(f.value, [&](std::string_view t) {
+        if (iequals(t, "close")) up_reusable = false;
+        else if (iequals(t, "keep-alive") && rh.version == 10) up_reusable = true;
+      });
+  // Close-delimited, or framed both ways (RFC 9112 6.3: chunked wins, the connection closes after).
+  if (body == Body::until_close || (body == Body::chunked && rh.count("Content-Length"))) up_reusable = false;
+  bool keep = client_keep_alive && !rt_.stopping.load(std::memory_order_relaxed);
+  // A 1.0 client gets a body it can delimit only by the close.
+  const bool chunk_out = version == 11 && (body == Body::chunked || body == Body::until_close);
+  if (version == 10 && (body == Body::chunked || body == Body::until_close)) keep = false;
+
+  // The client's response head.
+  {
+    const auto named = connection_named(rh);
+    std::string_view view = up.buf.view();
+    std::string_view status_line = view.substr(8, view.find("\r\n") - 8);  // " 200 OK"
+    out_.clear();
+    out_ += version == 10 ? "HTTP/1.0" : "HTTP/1.1";
+    out_ += status_line;
+    out_ += "\r\n";
+    for (const auto& f : rh.fields) {
+      const std::string_view n = f.name;
+      if (is_hop_by_hop(n) || named_in(named, n) || iequals(n, "Transfer-Encoding")) continue;
+      if (iequals(n, "Content-Length") && body != Body::none) continue;
+      if ((marks.generation && iequals(n, "Fencing-Generation")) || (!marks.observe.empty() && iequals(n, "Fencing-Observe")))
+        continue;
+      append_field(out_, n, f.value);
+    }
+    if (marks.generation) append_field(out_, "Fencing-Generation", std::to_string(*marks.generation));
+    if (!marks.observe.empty()) append_field(out_, "Fencing-Observe", marks.observe);
+    if (body == Body::length) append_field(out_, "Content-Length", std::to_string(body_len));
+    if (chunk_out) append_field(out_, "Transfer-Encoding", body == Body::chunked ? std::string_view(te_value) : "chunked");
+    if (!keep) out_ += "Connection: close\r\n";
+    else if (version == 10) out_ += "Connection: keep-alive\r\n";
+    out_ += "\r\n";
+    up.buf.consume(rh_len);
+  }
+
+  // Response body.
+  auto body_failed = [&](const std::string& why) -> bool {
+    // The response head is already out: all we can do is cut the client connection.
+    log::warn("upstream response body failed", {log::kv("upstream", route.upstream), log::kv("error", why)});
+    return false;
+  };
+  bool head_sent = false;
+  switch (body) {
+    case Body::none:
+      exchange_over();
+      if (!co_await to_client(net::buffer(out_))) co_return false;
+      break;
+    case Body::length: {
+      std::uint64_t left = body_len;
+      for (;;) {
+        std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, up.buf.size()));
+        left -= n;
+        if (left == 0) exchange_over();
+        std::array<net::const_buffer, 2> b{net::buffer(out_.data(), head_sent ? 0 : out_.size()),
+                                           net::buffer(up.buf.view().data(), n)};
+        if (!head_sent || n) {
+          if (!co_await to_client(b)) co_return false;
+          head_sent = true;
+        }
+        up.buf.consume(n);
+        if (left == 0) break;
+        ec = co_await read_up(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer)));
+        if (ec) co_return body_failed(ec.message());
+      }
+      break;
+    }
+    case Body::chunked:
+    case Body::until_close: {
+      ChunkDecoder dec;
+      bool eof = false;
+      for (;;) {
+        gather.clear();
+        if (!head_sent) gather.push_back(net::buffer(out_));
+        const std::size_t size_slot = gather.size();
+        gather.emplace_back();
+        std::string_view avail = up.buf.view();
+        std::size_t used = 0, total = 0;
+        if (body == Body::until_close) {
+          if (!avail.empty()) gather.push_back(net::buffer(avail.data(), avail.size()));
+          used = total = avail.size();
+        } else {
+          while (used < avail.size() && !dec.done() && !dec.failed() && gather.size() < kMaxGather) {
+            std::string_view d;
+            used += dec.feed(avail.substr(used), &d);
+            if (!d.empty()) {
+              gather.push_back(net::buffer(d.data(), d.size()));
+              total += d.size();
+            }
+          }
+          if (dec.failed()) co_return body_failed(std::string("bad chunked framing: ") + dec.error());
+        }
+        const bool done = body == Body::chunked ? dec.done() : eof;
+        if (done) exchange_over();
+        frame.clear();
+        if (total && chunk_out) {
+          append_chunk_header(frame, total);
+          gather[size_slot] = net::buffer(frame);
+          gather.push_back(net::buffer(kChunkEnd));
+        }
+        if (done && chunk_out) gather.push_back(net::buffer(kLastChunk));
+        if (!head_sent || total || (done && chunk_out)) {
+          if (!co_await to_client(gather)) co_return false;
+          head_sent = true;
+        }
+        up.buf.consume(used);
+        if (done) break;
+        if (up.buf.empty()) {
+          ec = co_await read_up(kRelayBuffer);
+          if (ec == net::error::eof && body == Body::until_close) eof = true;
+          else if (ec) co_return body_failed(ec.message());
+        }
+      }
+      break;
+    }
+  }
+  waiting_up_ = nullptr;
   ex->release();
-  if (upstream_reusable_hdr && !ex->aborted && up.buf.size() == 0) give_back(route, std::move(ex->up));
+  if (up_reusable && !ex->aborted && up.buf.empty()) give_back(route, std::move(ex->up));
   co_return keep;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Server.
 
-awaitable<void> accept_loop(ServerState& st, tcp::acceptor& acceptor, std::vector<std::unique_ptr<Worker>>& workers) {
+task<void> accept_loop(ServerState& st, Acceptor& acceptor, std::vector<std::unique_ptr<Worker>>& workers) {
   std::size_t next = 0;
   for (;;) {
     Worker& w = *workers[next];
     next = (next + 1) % workers.size();
     boost::system::error_code ec;
-    tcp::socket sock = co_await acceptor.async_accept(w.ioc, net::redirect_error(use_awaitable, ec));
+    Socket sock = co_await acceptor.async_accept(w.ioc, net::redirect_error(use_task, ec));
     if (ec) {
       if (ec == net::error::operation_aborted || !acceptor.is_open()) co_return;
       if (ec == net::error::no_descriptors || ec == net::error::no_buffer_space) {
         log::warn("accept failed; backing off", {log::kv("error", ec.message())});
-        net::steady_timer t(acceptor.get_executor(), std::chrono::milliseconds(50));
-        co_await t.async_wait(net::redirect_error(use_awaitable, ec));
+        Timer t(acceptor.get_executor(), std::chrono::milliseconds(50));
+        co_await t.async_wait(net::redirect_error(use_task, ec));
       }
       continue;
     }
@@ -957,7 +1264,7 @@ awaitable<void> accept_loop(ServerState& st, tcp::acceptor& acceptor, std::vecto
     st.rt.metrics.open_connections.fetch_add(1, std::memory_order_relaxed);
     net::co_spawn(
         w.ioc,
-        [&st, &w, s = std::move(sock)]() mutable -> awaitable<void> {
+        [&st, &w, s = std::move(sock)]() mutable -> task<void> {
           Session session(st, w, std::move(s));
           co_await session.run();
         },
@@ -1034,7 +1341,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < std::max(1, cfg->threads); ++i) workers.push_back(std::make_unique<Worker>());
 
-  tcp::acceptor acceptor(workers[0]->ioc);
+  Acceptor acceptor(workers[0]->ioc.get_executor());
   {
     boost::system::error_code ec;
     tcp::resolver resolver(workers[0]->ioc);
@@ -1068,6 +1375,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   }
 
   net::co_spawn(workers[0]->ioc, accept_loop(st, acceptor, workers), net::detached);
+  for (auto& w : workers) w->start_watchdog();
 
   // SIGINT/SIGTERM: readiness turns 503, stop accepting, let requests in flight finish (bounded),
   // then stop. (SIGHUP, a reload, is handled by the admin server's thread.)

@@ -1,0 +1,278 @@
+// What the client gets back when the upstream frames its response in each way HTTP/1.1 allows
+// (Content-Length, chunked with extensions and trailers, close-delimited, interim 1xx), and that
+// malformed or ambiguous upstream responses become a 502 rather than a desynchronised connection.
+// The upstream here is a raw socket server answering canned bytes.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace fencegate::testing {
+namespace {
+
+// Accepts on 127.0.0.1; for each request (head, then a Content-Length or chunked body) writes
+// respond(n) where n counts requests over all connections; closes the connection after the
+// response when the function says so.
+class RawUpstream {
+ public:
+  struct Answer {
+    std::string bytes;
+    bool close_after = false;
+  };
+  explicit RawUpstream(std::function<Answer(int n, const std::string& head)> respond) : respond_(std::move(respond)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    REQUIRE(::listen(fd_, 64) == 0);
+    thread_ = std::thread([this] { accept_loop(); });
+  }
+  ~RawUpstream() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+    for (auto& t : conns_) t.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int connections() const { return connections_.load(); }
+
+ private:
+  void accept_loop() {
+    while (!stop_) {
+      int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      ++connections_;
+      std::lock_guard<std::mutex> l(m_);
+      conns_.emplace_back([this, c] { serve(c); });
+    }
+  }
+  void serve(int c) {
+    std::string buf;
+    char tmp[16384];
+    for (;;) {
+      std::size_t end;
+      while ((end = buf.find("\r\n\r\n")) == std::string::npos) {
+        ssize_t n = ::recv(c, tmp, sizeof tmp, 0);
+        if (n <= 0) return (void)::close(c);
+        buf.append(tmp, static_cast<std::size_t>(n));
+      }
+      std::string head = buf.substr(0, end + 4);
+      std::string lower = to_lower(head);
+      std::size_t need = end + 4;
+      if (auto p = lower.find("content-length:"); p != std::string::npos) need += std::stoul(lower.substr(p + 15));
+      bool chunked = lower.find("transfer-encoding: chunked") != std::string::npos;
+      while (chunked ? buf.find("0\r\n\r\n", end + 4) == std::string::npos : buf.size() < need) {
+        ssize_t n = ::recv(c, tmp, sizeof tmp, 0);
+        if (n <= 0) return (void)::close(c);
+        buf.append(tmp, static_cast<std::size_t>(n));
+      }
+      buf.erase(0, chunked ? buf.find("0\r\n\r\n", end + 4) + 5 : need);
+      Answer a = respond_(count_++, head);
+      if (!write_all(c, a.bytes) || a.close_after) return (void)::close(c);
+    }
+  }
+
+  std::function<Answer(int, const std::string&)> respond_;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> count_{0}, connections_{0};
+  std::mutex m_;
+  std::vector<std::thread> conns_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("response framing: chunked with extensions and trailers reaches a 1.1 client as its body") {
+  RawUpstream up([](int, const std::string&) {
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Up: 1\r\n\r\n"
+                               "5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"};
+  });
+  Proxy px(ProxySpec{up.url()});
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  for (int i = 0; i < 3; ++i) {  // the same client connection and the same upstream connection
+    auto r = c.request("GET", "/x");
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.response.status == 200);
+    CHECK(r.response.body == "hello world");
+    CHECK(r.response.header("Transfer-Encoding") == "chunked");
+    CHECK(r.response.header("X-Up") == "1");
+    CHECK_FALSE(r.response.has("X-Trailer"));
+  }
+  CHECK(up.connections() == 1);
+}
+
+TEST_CASE("response framing: a close-delimited body is chunked for 1.1 clients and closes for 1.0") {
+  RawUpstream up([](int, const std::string&) {
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n" + std::string(40000, 'z'),
+                               true};
+  });
+  Proxy px(ProxySpec{up.url()});
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  for (int i = 0; i < 2; ++i) {
+    auto r = c.request("GET", "/x");
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.response.body == std::string(40000, 'z'));
+    CHECK(r.response.header("Transfer-Encoding") == "chunked");
+  }
+  HttpClient c10;
+  auto r = send_raw(c10, px.port(), "GET /x HTTP/1.0\r\n\r\n");
+  INFO(describe(r));
+  REQUIRE(r.ok());
+  CHECK(r.response.body == std::string(40000, 'z'));
+  CHECK_FALSE(r.response.has("Transfer-Encoding"));
+  CHECK(c10.wait_closed());
+}
+
+TEST_CASE("response framing: a chunked body reaches a 1.0 client decoded, then the connection closes") {
+  RawUpstream up([](int, const std::string&) {
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"};
+  });
+  Proxy px(ProxySpec{up.url()});
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  auto r = send_raw(c, px.port(), "GET /x HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+  INFO(describe(r));
+  REQUIRE(r.ok());
+  CHECK(r.response.version == "HTTP/1.0");
+  CHECK(r.response.body == "abc");
+  CHECK(r.response.header("Connection") == "close");
+  CHECK(c.wait_closed());
+}
+
+TEST_CASE("response framing: interim 100 responses are dropped, HEAD and 204/304 carry no body") {
+  RawUpstream up([](int, const std::string& head) {
+    if (head.rfind("HEAD", 0) == 0)
+      return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"};
+    if (head.find("/nc") != std::string::npos) return RawUpstream::Answer{"HTTP/1.1 204 No Content\r\n\r\n"};
+    return RawUpstream::Answer{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
+                               "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok"};
+  });
+  Proxy px(ProxySpec{up.url()});
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  auto r = c.request("POST", "/w", token(1), "x");
+  INFO(describe(r));
+  REQUIRE(r.ok());
+  CHECK(r.response.status == 201);
+  CHECK(r.response.body == "ok");
+  REQUIRE(c.send(build_request("HEAD", "/h")));
+  r = c.read_response(10s, /*expect_no_body=*/true);
+  REQUIRE(r.ok());
+  CHECK(r.response.status == 200);
+  CHECK(r.response.header("Content-Length") == "100");
+  r = c.request("GET", "/nc");
+  REQUIRE(r.ok());
+  CHECK(r.response.status == 204);
+  r = c.request("POST", "/w", token(1), "y");  // the connection is still in step
+  REQUIRE(r.ok());
+  CHECK(r.response.status == 201);
+  CHECK(c.stays_silent(100ms));
+}
+
+TEST_CASE("response framing: the proxy's own fence headers replace an upstream's, hop-by-hop fields go") {
+  RawUpstream up([](int, const std::string&) {
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\n"
+                               "Fencing-Generation: 999\r\nContent-Length: 2\r\n\r\nok"};
+  });
+  Proxy px(ProxySpec{up.url()});
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  auto r = request(px.port(), "POST", "/w", token(7), "x");
+  INFO(describe(r));
+  REQUIRE(r.ok());
+  CHECK(r.response.status == 200);
+  CHECK(r.response.headers_named("Fencing-Generation") == std::vector<std::string>{"7"});
+  CHECK_FALSE(r.response.has("X-Secret"));
+  CHECK_FALSE(r.response.has("Keep-Alive"));
+}
+
+TEST_CASE("response framing: malformed or conflicting upstream framing is a 502, not a desync") {
+  struct Case {
+    const char* name;
+    std::string bytes;
+  } cases[] = {
+      {"conflicting Content-Length", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc"},
+      {"list Content-Length", "HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\nab"},
+      {"signed Content-Length", "HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nab"},
+      {"bad status line", "HTTP/1.1 2xx OK\r\nContent-Length: 0\r\n\r\n"},
+      {"folded header", "HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 0\r\n\r\n"},
+      {"bare LF", "HTTP/1.1 200 OK\nContent-Length: 0\n\n"},
+      {"not HTTP", "SSH-2.0-OpenSSH\r\n\r\n"},
+      {"switching protocols", "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"},
+  };
+  for (const auto& k : cases) {
+    CAPTURE(k.name);
+    RawUpstream up([&](int, const std::string&) { return RawUpstream::Answer{k.bytes, true}; });
+    Proxy px(ProxySpec{up.url()});
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    auto r = request(px.port(), "POST", "/w", token(1), "x");
+    check_problem(r, 502, std::nullopt, std::nullopt, std::nullopt, false);
+  }
+  // Identical duplicates are one length (RFC 9110 8.6).
+  RawUpstream up([](int, const std::string&) {
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok"};
+  });
+  Proxy px(ProxySpec{up.url()});
+  FG_START(px);
+  auto r = request(px.port(), "GET", "/x");
+  REQUIRE(r.ok());
+  CHECK(r.response.body == "ok");
+  CHECK(r.response.headers_named("Content-Length").size() == 1);
+}
+
+TEST_CASE("response framing: a broken chunked body cuts the client connection, never a short 200 that looks whole") {
+  RawUpstream up([](int, const std::string&) {
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n", true};
+  });
+  Proxy px(ProxySpec{up.url()});
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  auto r = request(px.port(), "GET", "/x");
+  CHECK_FALSE(r.ok());  // the client sees the body end without its last chunk
+}
+
+TEST_CASE("response framing: large bodies stream through in both directions") {
+  const std::string big(3 * 1024 * 1024 + 17, 'b');
+  RawUpstream up([&](int, const std::string&) {
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(big.size()) + "\r\n\r\n" + big};
+  });
+  Proxy px(ProxySpec{up.url()});
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  auto r = c.request("POST", "/w", token(1, {{"Transfer-Encoding", "chunked"}}), chunked(big, 100000), 30s);
+  INFO(describe(r).substr(0, 300));
+  REQUIRE(r.ok());
+  CHECK(r.response.body.size() == big.size());
+  CHECK(r.response.body == big);
+}
+
+}  // namespace fencegate::testing
