@@ -19,7 +19,8 @@
 // every op (send/done, CLOCK_MONOTONIC == steady_clock) to a file the test parses into the history.
 //
 // FG_FAULT_SEED replays a run (the seed is printed); FG_FAULT_PARTITION_SCHEDULES sets how many
-// schedules (default 2, about 60 s: each of the six fault kinds once).
+// schedules (default 2, about 60 s: each of the six fault kinds once), FG_FAULT_PARTITION_FAULTS
+// how many faults each (default 3); FG_FAULT_VERBOSE=1 prints every schedule's trace.
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -392,6 +393,30 @@ class World {
     return found;
   }
 
+  // One writer's ops (by its pid), in send order.
+  struct WriterOp {
+    std::string op;
+    Clock::time_point sent{};
+    bool answered = false;
+    int status = 0;
+  };
+  std::vector<WriterOp> writer_ops(int worker, pid_t pid) const {
+    std::vector<WriterOp> out;
+    std::ifstream in(workers_[static_cast<std::size_t>(worker)].ops_log());
+    std::string line;
+    while (std::getline(in, line)) {
+      json j = json::parse(line, nullptr, false);
+      if (!j.is_object() || j.value("pid", -1) != pid) continue;
+      const std::string ev = j.value("ev", "");
+      if (ev == "send") out.push_back({j.value("op", ""), from_ns(j.value("t", std::int64_t{0}))});
+      else if (ev == "done" && !out.empty() && out.back().op == j.value("op", "")) {
+        out.back().answered = true;
+        out.back().status = j.value("status", 0);
+      }
+    }
+    return out;
+  }
+
   // Client ops from every writer log.
   std::vector<fault::ClientOp> client_ops(Clock::time_point end) const {
     std::vector<fault::ClientOp> out;
@@ -524,6 +549,8 @@ struct ScheduleResult {
   std::vector<FaultFigure> figures;
   std::size_t ops = 0, accepted = 0, rejected = 0, unavailable = 0, indeterminate = 0, upstream = 0, audit = 0;
   std::size_t activations = 0;
+  std::size_t late_refused = 0;  // late writes of a deposed leader refused (held or after SIGCONT)
+  std::map<int, int> elect_exits;  // exit code -> how many elect runs ended with it
   std::string logs;
 };
 
@@ -628,6 +655,8 @@ ScheduleResult run_schedule(const Schedule& s) {
       }
     };
     const auto dur = std::chrono::milliseconds(f.duration_ms);
+    std::string held_op;            // held-write: the old leader's request delivered late
+    Clock::time_point resumed_at{};  // sigstop: when its command was continued
     const std::string who = lw.id + " (token " + std::to_string(cur->token) + ")";
     switch (f.kind) {
       case Fault::partition_etcd:
@@ -653,7 +682,8 @@ ScheduleResult run_schedule(const Schedule& s) {
         break;
       case Fault::held_write: {
         w.event("hold " + who + "'s writes in its data relay, then partition it from etcd");
-        lw.data_relay->hold();
+        lw.data_relay->hold_requests();
+        const auto hold_at = Clock::now();
         run_watching(300ms);
         lw.ns->partition(lw.etcd_relay->port());
         run_watching(dur);
@@ -662,8 +692,13 @@ ScheduleResult run_schedule(const Schedule& s) {
         // Release the held writes only once a successor has fenced and started: they arrive late.
         w.wait_until(successor_started, bound);
         watch_takeover();
+        // The held request's writer is gone by now (its lease ran out); its close is passed on a
+        // while after the request, so the proxy decides on the late write rather than dropping it.
+        lw.data_relay->set_eof_delay(1000ms);
         lw.data_relay->pass();
-        w.event("release " + lw.id + "'s held writes (" + std::to_string(lw.data_relay->connections()) + " connections)");
+        auto ops = w.writer_ops(cur->worker, cur->pid);
+        held_op = !ops.empty() && !ops.back().answered && ops.back().sent > hold_at ? ops.back().op : std::string();
+        w.event("release " + lw.id + "'s held write " + (held_op.empty() ? std::string("(none!)") : held_op));
         break;
       }
       case Fault::etcd_restart:
@@ -682,8 +717,9 @@ ScheduleResult run_schedule(const Schedule& s) {
         lw.stopped_group = cur->pid;
         paused.insert(cur->pid);
         run_watching(dur);
-        w.event("SIGCONT " + lw.id + "'s command, 200 ms later its elect");
-        w.continue_worker(lw, 200ms);
+        resumed_at = Clock::now();
+        w.event("SIGCONT " + lw.id + "'s command, 400 ms later its elect");
+        w.continue_worker(lw, 400ms);
         break;
     }
     const auto healed = Clock::now();
@@ -706,12 +742,49 @@ ScheduleResult run_schedule(const Schedule& s) {
         res.failures.push_back(std::string("after ") + to_string(f.kind) + " the old leader " + who +
                                "'s elect exited " + std::to_string(lw.exit_codes[exits_before]) + ", not 75");
     }
+    // The late writes these faults make must have been refused (the checker and check_elections
+    // catch one that was let through; here: the scenario really produced one, and it was audited).
+    if (f.kind == Fault::held_write) {
+      if (held_op.empty()) {
+        res.failures.push_back("held-write: no request of " + who + " was held (the scenario tested nothing)");
+      } else {
+        std::string decision;
+        w.wait_until(
+            [&] {
+              for (const auto& row : read_audit(w.proxy_->db()))
+                if (row.target == fault::op_target(kResource, held_op)) decision = row.decision;
+              return !decision.empty();
+            },
+            5s);
+        w.event("held write " + held_op + ": " + (decision.empty() ? std::string("no audit row") : decision));
+        if (decision.rfind("rejected_", 0) != 0)
+          res.failures.push_back("held-write: the late write " + held_op + " of " + who +
+                                 " has no rejection audit row (got \"" + decision + "\")");
+        else
+          ++res.late_refused;
+      }
+    }
+    if (f.kind == Fault::sigstop) {
+      int late = 0;
+      std::string what;
+      for (const auto& o : w.writer_ops(cur->worker, cur->pid))
+        if (o.sent > resumed_at) {
+          ++late;
+          if (o.answered && o.status == 409) ++res.late_refused;
+          what += " " + o.op + "@+" + std::to_string(ms_since(resumed_at, o.sent)) + "ms:" +
+                  (o.answered ? std::to_string(o.status) : std::string("no answer"));
+        }
+      w.event(lw.id + "'s command sent " + std::to_string(late) + " write(s) after SIGCONT:" + what);
+      if (late == 0) res.failures.push_back("sigstop: " + who + "'s command sent no write after SIGCONT (no late write tested)");
+    }
     res.figures.push_back(fig);
     w.sample_stored();
     w.run_for(500ms);
   }
 
   w.event("stopping workers");
+  for (const auto& wk : w.workers_)
+    for (int c : wk.exit_codes) ++res.elect_exits[c];
   w.stop_workers();
   w.run_for(300ms);  // late exchanges settle
   w.sample_stored();
@@ -740,7 +813,10 @@ std::string figures_text(const ScheduleResult& r) {
   std::string s = "ops=" + std::to_string(r.ops) + " accepted=" + std::to_string(r.accepted) + " 409=" +
                   std::to_string(r.rejected) + " 503=" + std::to_string(r.unavailable) + " other/none=" +
                   std::to_string(r.indeterminate) + " upstream=" + std::to_string(r.upstream) + " audit=" +
-                  std::to_string(r.audit) + " activations=" + std::to_string(r.activations) + "; per fault:";
+                  std::to_string(r.audit) + " activations=" + std::to_string(r.activations) +
+                  " late-refused=" + std::to_string(r.late_refused) + " elect exits:";
+  for (const auto& [code, n] : r.elect_exits) s += " " + std::to_string(code) + "x" + std::to_string(n);
+  s += "; per fault:";
   for (const auto& f : r.figures)
     s += std::string(" ") + to_string(f.kind) + "[takeover " + std::to_string(f.takeover_ms) + "ms, recovery " +
          std::to_string(f.recovery_ms) + "ms]";
@@ -768,6 +844,7 @@ void run_and_check(const Schedule& s) {
                              " FG_FAULT_PARTITION_SCHEDULES=" + std::to_string(s.index + 1) +
                              " test_fault -tc='partition*'";
   MESSAGE(s.describe(), " -- ", ms_since(t, Clock::now()), " ms; ", figures_text(r));
+  if (std::getenv("FG_FAULT_VERBOSE")) MESSAGE(r.logs);
   INFO(s.describe());
   INFO(replay);
   std::string failures;
@@ -830,6 +907,57 @@ TEST_CASE("partition fixtures: a namespace reaches the root side only through it
   relay.pass();
   CHECK(curl(5).out == "200");
   CHECK(up.parse_errors().empty());
+}
+
+TEST_CASE("partition checks can fail: shared tokens, out-of-order activations, overlapping leaders, stale writes "
+          "after a fence") {
+  const Clock::time_point t0 = Clock::time_point{} + 1000s;
+  auto at = [&](int ms) { return t0 + std::chrono::milliseconds(ms); };
+  auto act = [&](int worker, std::int64_t token, pid_t pid, int start, int last) {
+    Activation a;
+    a.worker = worker;
+    a.token = token;
+    a.pid = pid;
+    a.at = at(start);
+    a.last_send = at(last);
+    return a;
+  };
+  fencegate::fault::History h;
+  std::vector<std::string> f;
+  // A clean handover: A's last write before B started.
+  check_elections({act(0, 2, 100, 0, 900), act(1, 5, 200, 1000, 1500)}, {}, h, t0, &f);
+  CHECK(f.empty());
+  // The same token twice.
+  f.clear();
+  check_elections({act(0, 2, 100, 0, 900), act(1, 2, 200, 1000, 1500)}, {}, h, t0, &f);
+  REQUIRE_FALSE(f.empty());
+  CHECK(f[0].find("two activations with token 2") != std::string::npos);
+  // A later activation with a lower token.
+  f.clear();
+  check_elections({act(0, 7, 100, 0, 900), act(1, 5, 200, 1000, 1500)}, {}, h, t0, &f);
+  REQUIRE_FALSE(f.empty());
+  CHECK(f[0].find("activation order") != std::string::npos);
+  // A kept writing after B started; allowed only if the schedule paused A.
+  f.clear();
+  check_elections({act(0, 2, 100, 0, 1200), act(1, 5, 200, 1000, 1500)}, {}, h, t0, &f);
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].find("overlapping leaders") != std::string::npos);
+  f.clear();
+  check_elections({act(0, 2, 100, 0, 1200), act(1, 5, 200, 1000, 1500)}, {100}, h, t0, &f);
+  CHECK(f.empty());
+  // A generation-2 write reaching the upstream after generation 5 was fenced in.
+  fencegate::fault::UpstreamOp u;
+  u.op_id = "late";
+  u.resource = kResource;
+  u.generation = 2;
+  u.arrival = at(1100);
+  u.completion = at(1110);
+  u.outcome = "responded";
+  h.upstream.push_back(u);
+  f.clear();
+  check_elections({act(0, 2, 100, 0, 900), act(1, 5, 200, 1000, 1500)}, {}, h, t0, &f);
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].find("stale write forwarded after the fence: op late") != std::string::npos);
 }
 
 TEST_CASE("partition: seeded schedules of partitions, delays, held writes, etcd restarts and pauses against elect "

@@ -6,10 +6,14 @@
 // Modes (per relay, both directions, every connection):
 //   pass        each chunk is delivered `delay` after it was read (0 = at once), in order
 //   hold        nothing is delivered; everything read is kept and delivered, in order, on pass()
-//               -- a stalled path whose bytes arrive late (the "delayed write" of a paused leader)
+//               -- a stalled path whose bytes arrive late (the "delayed write" of a paused leader);
+//               hold_requests() holds only the client -> target direction (answers to requests
+//               already delivered still come back)
 //   drop        everything read is discarded (a black hole); connections that lost bytes are
 //               closed on the next pass(), since their streams are torn
 // A relay starts in pass with no delay. reset_all() closes every open connection.
+// set_eof_delay(d): a peer's close (FIN) is passed on only `d` after the bytes before it -- a late
+// request whose client has already gone is then still answered, as if its FIN came later still.
 //
 // Four threads per connection (a reader and a writer each way) and one acceptor: only for tests.
 // Header-only because tests/CMakeLists.txt compiles tests/fault/*_test.cpp alone.
@@ -83,7 +87,16 @@ class Relay {
     delay_ = d;
     cv_.notify_all();
   }
+  void set_eof_delay(std::chrono::milliseconds d) {
+    std::lock_guard<std::mutex> l(mu_);
+    eof_delay_ = d;
+  }
   void hold() { set_mode(Mode::hold); }
+  void hold_requests() {
+    std::lock_guard<std::mutex> l(mu_);
+    hold_up_ = true;
+    cv_.notify_all();
+  }
   void drop() { set_mode(Mode::drop); }
   // Back to delivering (with the current delay). Held bytes go out in order; connections that
   // lost bytes while dropping are closed.
@@ -156,6 +169,7 @@ class Relay {
       for (auto& c : conns_)
         if (c->tainted) c->shut();
     mode_ = m;
+    if (m == Mode::pass) hold_up_ = false;
     cv_.notify_all();
   }
 
@@ -253,7 +267,7 @@ class Relay {
     std::unique_lock<std::mutex> l(mu_);
     for (;;) {
       if (c->closed) return;
-      if (pipe->queue.empty() || mode_ != Mode::pass) {
+      if (pipe->queue.empty() || mode_ != Mode::pass || (hold_up_ && pipe == &c->up)) {
         if (pipe->done && pipe->queue.empty()) return;
         cv_.wait_for(l, std::chrono::milliseconds(100));
         continue;
@@ -262,6 +276,12 @@ class Relay {
       if (std::chrono::steady_clock::now() < due) {
         cv_.wait_until(l, due);
         continue;
+      }
+      if (pipe->queue.front().data.empty() && eof_delay_ > std::chrono::milliseconds(0)) {
+        // Pass the close on only eof_delay_ after what came before it.
+        const auto at = std::chrono::steady_clock::now() + eof_delay_;
+        while (!c->closed && std::chrono::steady_clock::now() < at) cv_.wait_until(l, at);
+        if (c->closed) return;
       }
       Chunk ch = std::move(pipe->queue.front());
       pipe->queue.pop_front();
@@ -309,6 +329,8 @@ class Relay {
   // Guarded by mu_
   Mode mode_ = Mode::pass;
   std::chrono::milliseconds delay_{0};
+  std::chrono::milliseconds eof_delay_{0};
+  bool hold_up_ = false;  // hold_requests()
   std::list<std::shared_ptr<Conn>> conns_;
 };
 
