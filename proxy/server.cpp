@@ -64,6 +64,7 @@ constexpr std::size_t kMaxResponseHeader = 64 * 1024;
 constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this are skipped, not fatal
 constexpr auto kWatchdogTick = std::chrono::milliseconds(20);
 constexpr auto kHotIdle = std::chrono::milliseconds(1000);  // idle reads keep their buffer this long
+constexpr auto kPeekAfterIdle = std::chrono::milliseconds(100);  // pooled upstreams idle longer are probed
 constexpr std::size_t kMaxGather = 32;               // chunk data runs re-framed per write
 
 // ---------------------------------------------------------------------------------------------
@@ -125,6 +126,7 @@ struct UpConn {
   explicit UpConn(net::io_context& ioc) : sock(ioc.get_executor()) {}
   Socket sock;
   ByteBuf buf;
+  Clock::time_point idle_since{};  // when it went back to the pool
 };
 
 class Session;
@@ -847,7 +849,10 @@ task<std::unique_ptr<UpConn>> Session::take_upstream(const config::Route& route,
   while (!pool.empty()) {
     auto c = std::move(pool.back());
     pool.pop_back();
-    if (still_open(c->sock) && c->buf.empty()) co_return c;
+    // A connection back from its last exchange moments ago is taken as is; one idle longer is
+    // checked first for a close the upstream sent meanwhile (a send into it would fail the
+    // request with a 502 rather than reach the upstream).
+    if (c->buf.empty() && (Clock::now() - c->idle_since < kPeekAfterIdle || still_open(c->sock))) co_return c;
   }
   ex->up = std::make_unique<UpConn>(w_.ioc);  // visible to a drain abort while connecting
   std::vector<tcp::endpoint> endpoints;
@@ -870,6 +875,7 @@ task<std::unique_ptr<UpConn>> Session::take_upstream(const config::Route& route,
 void Session::give_back(const config::Route& route, std::unique_ptr<UpConn> c) {
   auto& pool = w_.idle[route.upstream];
   if (pool.size() >= cfg().upstream_idle_per_thread) return;
+  c->idle_since = Clock::now();
   pool.push_back(std::move(c));
 }
 
