@@ -4,28 +4,6 @@
 
 namespace fencegate::proxy {
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    unsigned char x = static_cast<unsigned char>(a[i]), y = static_cast<unsigned char>(b[i]);
-    if (x >= 'A' && x <= 'Z') x = static_cast<unsigned char>(x + 32);
-    if (y >= 'A' && y <= 'Z') y = static_cast<unsigned char>(y + 32);
-    if (x != y) return false;
-  }
-  return true;
-}
-
-bool is_tchar(unsigned char c) {
-  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
-  switch (c) {
-    case '!': case '#': case '$': case '%': case '&': case '\'': case '*': case '+': case '-':
-    case '.': case '^': case '_': case '`': case '|': case '~':
-      return true;
-    default:
-      return false;
-  }
-}
-
 std::size_t RequestHead::count(std::string_view name, std::string_view* first) const {
   std::size_t n = 0;
   for (const auto& f : fields) {
@@ -46,7 +24,7 @@ HeadScan bad(std::string reason) {
   return s;
 }
 
-bool is_field_vchar(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
+inline bool is_field_vchar(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
 
 // Parses the field lines of `head` (every line ends in CRLF) from `pos` on. Returns nullptr, or
 // why the block is refused.
@@ -104,7 +82,9 @@ HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, Request
   if (head.size() >= 2 && head.substr(0, 2) == "\r\n")
     return bad("empty line before the request line");
 
-  RequestHead h;
+  RequestHead local;
+  RequestHead& h = out ? *out : local;  // filled in place: its field vector's memory is reused
+  h.fields.clear();
   std::size_t pos = 0;
   auto next_line = [&](std::string_view& line) -> bool {
     std::size_t e = head.find("\r\n", pos);
@@ -135,7 +115,6 @@ HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, Request
 
   if (const char* why = scan_fields(head, pos, &h.fields)) return bad(why);
 
-  if (out) *out = std::move(h);
   HeadScan s;
   s.status = HeadStatus::complete;
   s.length = length;
@@ -193,7 +172,9 @@ HeadScan scan_response_head(std::string_view data, std::size_t max_bytes, Respon
   std::size_t eol = head.find("\r\n");
   std::string_view line = head.substr(0, eol);
   // status-line = HTTP-version SP 3DIGIT SP [ reason-phrase ]   (a missing last SP is tolerated)
-  ResponseHead h;
+  ResponseHead local;
+  ResponseHead& h = out ? *out : local;
+  h.fields.clear();
   if (line.size() < 12 || line.substr(0, 7) != "HTTP/1." || (line[7] != '0' && line[7] != '1') || line[8] != ' ')
     return bad("malformed status line");
   h.version = line[7] == '1' ? 11 : 10;
@@ -207,7 +188,6 @@ HeadScan scan_response_head(std::string_view data, std::size_t max_bytes, Respon
       if (!is_field_vchar(c)) return bad("invalid character in reason phrase");
   }
   if (const char* why = scan_fields(head, eol + 2, &h.fields)) return bad(why);
-  if (out) *out = std::move(h);
   HeadScan s;
   s.status = HeadStatus::complete;
   s.length = end + 4;

@@ -9,6 +9,7 @@
 // Pure functions on bytes; no I/O. Thread-safe.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -42,7 +43,7 @@ struct HeadScan {
 };
 
 // Scans `data` (bytes received so far) for a complete request head of at most `max_bytes`.
-// On `complete`, fills *out with views into `data`.
+// On `complete`, fills *out with views into `data` (otherwise *out is unspecified).
 HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, RequestHead* out);
 
 // Returns true iff `data` cannot become a valid head by receiving more bytes, judging only the
@@ -69,10 +70,30 @@ struct ResponseHead {
 };
 
 // Scans `data` for a complete response head (status line and fields, the same field rules as
-// requests). On `complete`, fills *out with views into `data`.
+// requests). On `complete`, fills *out with views into `data` (otherwise *out is unspecified).
 HeadScan scan_response_head(std::string_view data, std::size_t max_bytes, ResponseHead* out);
 
-bool iequals(std::string_view a, std::string_view b);
-bool is_tchar(unsigned char c);
+// ASCII case-insensitive equality (field names, tokens).
+inline bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    unsigned char x = static_cast<unsigned char>(a[i]), y = static_cast<unsigned char>(b[i]);
+    if (x == y) continue;
+    if ((x | 0x20) != (y | 0x20) || (x | 0x20) < 'a' || (x | 0x20) > 'z') return false;
+  }
+  return true;
+}
+
+// RFC 9110 tchar: the characters of tokens and field names.
+inline bool is_tchar(unsigned char c) {
+  static constexpr auto kTable = [] {
+    std::array<bool, 256> t{};
+    for (int c = '0'; c <= '9'; ++c) t[c] = true;
+    for (int c = 'a'; c <= 'z'; ++c) t[c] = t[c - 32] = true;
+    for (char c : std::string_view("!#$%&'*+-.^_`|~")) t[static_cast<unsigned char>(c)] = true;
+    return t;
+  }();
+  return kTable[c];
+}
 
 }  // namespace fencegate::proxy

@@ -60,7 +60,10 @@ class Runtime {
   void install(std::shared_ptr<const Snapshot> s) {
     std::lock_guard lk(mu_);
     snap_ = std::move(s);
+    snap_version_.fetch_add(1, std::memory_order_release);
   }
+  // Changes with every install(): sessions reload their snapshot only when it moved.
+  std::uint64_t snapshot_version() const { return snap_version_.load(std::memory_order_acquire); }
 
   // Store health, from the commit observer: false after a failed commit until one succeeds.
   void store_result(bool ok, const std::string& error) {
@@ -80,6 +83,7 @@ class Runtime {
 
  private:
   mutable std::mutex mu_;
+  std::atomic<std::uint64_t> snap_version_{0};
   std::shared_ptr<const Snapshot> snap_;  // Guarded by mu_
   bool store_ok_ = true;                   // Guarded by mu_
   std::string store_error_;                // Guarded by mu_

@@ -63,6 +63,8 @@ constexpr std::size_t kRelayBuffer = 16 * 1024;
 constexpr std::size_t kMaxResponseHeader = 64 * 1024;
 constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this are skipped, not fatal
 constexpr auto kWatchdogTick = std::chrono::milliseconds(20);
+constexpr auto kHotIdle = std::chrono::milliseconds(1000);  // idle reads keep their buffer this long
+constexpr auto kPeekAfterIdle = std::chrono::milliseconds(100);  // pooled upstreams idle longer are probed
 constexpr std::size_t kMaxGather = 32;               // chunk data runs re-framed per write
 
 // ---------------------------------------------------------------------------------------------
@@ -124,6 +126,7 @@ struct UpConn {
   explicit UpConn(net::io_context& ioc) : sock(ioc.get_executor()) {}
   Socket sock;
   ByteBuf buf;
+  Clock::time_point idle_since{};  // when it went back to the pool
 };
 
 class Session;
@@ -272,19 +275,14 @@ void for_each_token(std::string_view v, F&& f) {
   }
 }
 
-// Names listed in the Connection fields of a head (hop-by-hop by declaration).
+// True iff a Connection field of the head lists `n` (hop-by-hop by declaration).
 template <class Head>
-std::vector<std::string_view> connection_named(const Head& h) {
-  std::vector<std::string_view> named;
+bool named_by_connection(const Head& h, std::string_view n) {
+  bool found = false;
   for (const auto& f : h.fields)
-    if (iequals(f.name, "Connection")) for_each_token(f.value, [&](std::string_view t) { named.push_back(t); });
-  return named;
-}
-
-bool named_in(const std::vector<std::string_view>& named, std::string_view n) {
-  for (auto x : named)
-    if (iequals(n, x)) return true;
-  return false;
+    if (!found && iequals(f.name, "Connection"))
+      for_each_token(f.value, [&](std::string_view t) { found = found || iequals(t, n); });
+  return found;
 }
 
 void append_field(std::string& out, std::string_view name, std::string_view value) {
@@ -308,21 +306,14 @@ bool still_open(Socket& s) {
   return errno == EAGAIN || errno == EWOULDBLOCK;
 }
 
-// Writes every buffer of `bufs` (a gather write: one sendmsg when the socket takes it all).
-template <class Buffers>
-task<boost::system::error_code> write_all(Socket& s, const Buffers& bufs) {
-  boost::system::error_code ec;
-  co_await net::async_write(s, bufs, net::redirect_error(use_task, ec));
-  co_return ec;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Session.
 
 class Session {
  public:
   Session(ServerState& st, Worker& w, Socket sock)
-      : st_(st), rt_(st.rt), w_(w), client_(std::move(sock)), snap_(rt_.snapshot()) {
+      : st_(st), rt_(st.rt), w_(w), client_(std::move(sock)), snap_version_(rt_.snapshot_version()),
+        snap_(rt_.snapshot()) {
     boost::system::error_code ec;
     auto ep = client_.remote_endpoint(ec);
     if (!ec) {
@@ -349,6 +340,12 @@ class Session {
   // Watchdog (on the worker's thread): past the deadline, cancel what the session waits for.
   static void check_deadlines(Worker& w, Clock::time_point now) {
     for (Session* s = w.sessions; s; s = s->next_) {
+      if (s->cold_at_ <= now) {
+        s->cold_at_ = Clock::time_point::max();
+        s->going_cold_ = true;
+        boost::system::error_code ec;
+        s->client_.cancel(ec);
+      }
       if (s->deadline_ > now) continue;
       s->deadline_ = Clock::time_point::max();
       s->timed_out_ = true;
@@ -359,7 +356,6 @@ class Session {
   }
 
  private:
-  task<bool> read_head(std::size_t* head_len, bool first);
   task<bool> handle(std::size_t head_len);
   task<bool> reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks);
   task<store::Status> audit_sync(store::AuditRow row);
@@ -374,6 +370,11 @@ class Session {
   // Deadline of what the session is about to wait for (none: Clock::time_point::max()).
   void arm(std::chrono::milliseconds t) { deadline_ = Clock::now() + t; }
   void disarm() { deadline_ = Clock::time_point::max(); }
+  // After an awaited operation: disarms, and reports a watchdog cancellation as timed_out.
+  boost::system::error_code settle(boost::system::error_code ec) {
+    disarm();
+    return timed_out_ ? boost::system::error_code(net::error::timed_out) : ec;
+  }
   // Reads some bytes from the client into in_ under `timeout`. Returns the error (the watchdog's
   // cancellation shows up as timed_out_).
   task<boost::system::error_code> read_client(std::size_t want, std::chrono::milliseconds timeout);
@@ -387,11 +388,19 @@ class Session {
   Socket client_;
   ByteBuf in_;                            // bytes from the client not yet used
   std::string out_;                       // the head being sent (upstream or client)
+  // Scratch of the exchange in progress, kept to reuse its memory.
+  ResponseHead resp_;
+  std::vector<net::const_buffer> gather_;
+  std::string frame_, te_value_;
+  std::uint64_t snap_version_ = 0;        // read before snap_: a newer install is never missed
   std::shared_ptr<const Snapshot> snap_;  // the config this request runs under
   std::string client_ip_, client_addr_;
   bool client_v6_ = false;
+  RequestHead head_;                      // the current request's head (views into in_)
   Clock::time_point deadline_ = Clock::time_point::max();
   bool timed_out_ = false;
+  Clock::time_point cold_at_ = Clock::time_point::max();  // a hot idle read gives up its buffer
+  bool going_cold_ = false;
   UpConn* waiting_up_ = nullptr;          // the upstream connection in use, for the watchdog
   Session* prev_ = nullptr;
   Session* next_ = nullptr;
@@ -408,10 +417,84 @@ void Worker::start_watchdog() {
 
 task<void> Session::run() {
   bool first = true;
+  bool hot = false;  // a request was just served: wait for the next with the read buffer in place
   for (;;) {
-    std::size_t head_len = 0;
-    if (!co_await read_head(&head_len, first)) break;
-    snap_ = rt_.snapshot();  // a reload applies from the next request on, even on this connection
+    // Read until in_ holds a complete request head; it is scanned once, into head_. Returns to
+    // the top (closing) when the peer closed, the idle time ran out, or an error was answered.
+    const auto& cfg = this->cfg();
+    std::size_t checked = 0, head_len = 0;
+    bool started = !in_.empty();
+    timed_out_ = false;
+    auto deadline = Clock::now() + (started || first ? cfg.header_timeout : cfg.idle_timeout);
+    for (;;) {
+      if (!in_.empty()) {
+        std::string_view data = in_.view();
+        // Cheap incremental check first; the full scan runs once the head looks complete.
+        bool maybe_done = data.find("\r\n\r\n", checked > 3 ? checked - 3 : 0) != std::string_view::npos;
+        if (maybe_done || head_prefix_hopeless(data, checked) || data.size() >= cfg.max_header_bytes) {
+          HeadScan s = scan_request_head(data, cfg.max_header_bytes, &head_);
+          if (s.status == HeadStatus::complete) {
+            head_len = s.length;
+            break;
+          }
+          if (s.status == HeadStatus::bad) {
+            co_await reply(Problem{400, "bad-request", "Bad request", s.reason}, false, 11, kNoMarks);
+            break;
+          }
+          if (s.status == HeadStatus::too_large) {
+            co_await reply(Problem{431, "header-too-large", "Request header fields too large",
+                                   "the request head exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"},
+                           false, 11, kNoMarks);
+            break;
+          }
+        }
+        checked = data.size();
+      }
+      deadline_ = deadline;
+      boost::system::error_code ec;
+      if (in_.empty() && !hot) {
+        // An idle keep-alive connection holds no buffers: wait until bytes arrive, then read.
+        in_.release();
+        std::string().swap(out_);
+        std::vector<HeadField>().swap(head_.fields);
+        std::vector<HeadField>().swap(resp_.fields);
+        std::vector<net::const_buffer>().swap(gather_);
+        co_await client_.async_wait(tcp::socket::wait_read, net::redirect_error(use_task, ec));
+        if (ec || timed_out_) break;  // idle timeout: nothing was sent, just close
+      }
+      std::size_t room = std::min<std::size_t>(cfg.max_header_bytes + 4 - in_.size(), in_.size() ? 16384 : 4096);
+      if (room == 0) room = 1;
+      // A hot connection reads straight away (no readiness wait to register); if nothing comes
+      // for kHotIdle the watchdog cancels the read and the connection waits cold, bufferless.
+      if (hot) cold_at_ = Clock::now() + kHotIdle;
+      std::size_t n = co_await client_.async_read_some(in_.prepare(room), net::redirect_error(use_task, ec));
+      in_.commit(n);
+      cold_at_ = Clock::time_point::max();
+      const bool went_cold = going_cold_;
+      going_cold_ = false;
+      hot = false;
+      if (went_cold && n == 0 && !timed_out_ && ec == net::error::operation_aborted) continue;
+      if (timed_out_) {
+        if (!in_.empty()) {
+          timed_out_ = false;
+          co_await reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
+                         false, 11, kNoMarks);
+        }
+        break;
+      }
+      if (ec) break;
+      if (!started) {
+        started = true;
+        deadline = Clock::now() + cfg.header_timeout;
+      }
+    }
+    disarm();
+    if (head_len == 0) break;
+    // A reload applies from the next request on, even on this connection.
+    if (std::uint64_t v = rt_.snapshot_version(); v != snap_version_) {
+      snap_version_ = v;
+      snap_ = rt_.snapshot();
+    }
     first = false;
     st_.active_requests.fetch_add(1, std::memory_order_relaxed);
     bool again = false;
@@ -422,6 +505,7 @@ task<void> Session::run() {
     }
     st_.active_requests.fetch_sub(1, std::memory_order_relaxed);
     if (!again || rt_.stopping.load(std::memory_order_relaxed)) break;
+    hot = true;
   }
   disarm();
   boost::system::error_code ec;
@@ -439,78 +523,13 @@ task<boost::system::error_code> Session::read_client(std::size_t want, std::chro
   co_return ec;
 }
 
-// Reads until in_ holds a complete request head. Returns false when the connection should just
-// close (peer closed, idle timeout, or an error reply was already sent).
-task<bool> Session::read_head(std::size_t* head_len, bool first) {
-  const auto& cfg = this->cfg();
-  std::size_t checked = 0;
-  bool started = !in_.empty();
-  timed_out_ = false;
-  auto deadline = Clock::now() + (started || first ? cfg.header_timeout : cfg.idle_timeout);
-  for (;;) {
-    if (!in_.empty()) {
-      std::string_view data = in_.view();
-      // Cheap incremental check first; the full scan runs once the head looks complete.
-      bool maybe_done = data.find("\r\n\r\n", checked > 3 ? checked - 3 : 0) != std::string_view::npos;
-      if (maybe_done || head_prefix_hopeless(data, checked) || data.size() >= cfg.max_header_bytes) {
-        HeadScan s = scan_request_head(data, cfg.max_header_bytes, nullptr);
-        if (s.status == HeadStatus::complete) {
-          *head_len = s.length;
-          co_return true;
-        }
-        if (s.status == HeadStatus::bad) {
-          co_await reply(Problem{400, "bad-request", "Bad request", s.reason}, false, 11, kNoMarks);
-          co_return false;
-        }
-        if (s.status == HeadStatus::too_large) {
-          co_await reply(Problem{431, "header-too-large", "Request header fields too large",
-                                 "the request head exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"},
-                         false, 11, kNoMarks);
-          co_return false;
-        }
-      }
-      checked = data.size();
-    }
-    deadline_ = deadline;
-    boost::system::error_code ec;
-    if (in_.empty()) {
-      // An idle keep-alive connection holds no buffers: wait until bytes arrive, then read.
-      in_.release();
-      if (out_.capacity() > 1024) std::string().swap(out_);
-      co_await client_.async_wait(tcp::socket::wait_read, net::redirect_error(use_task, ec));
-      if (ec || timed_out_) {  // idle timeout: nothing was sent, just close
-        disarm();
-        co_return false;
-      }
-    }
-    std::size_t room = std::min<std::size_t>(cfg.max_header_bytes + 4 - in_.size(), in_.size() ? 16384 : 4096);
-    if (room == 0) room = 1;
-    std::size_t n = co_await client_.async_read_some(in_.prepare(room), net::redirect_error(use_task, ec));
-    in_.commit(n);
-    disarm();
-    if (timed_out_) {
-      if (!in_.empty()) {
-        timed_out_ = false;
-        co_await reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
-                       false, 11, kNoMarks);
-      }
-      co_return false;
-    }
-    if (ec) co_return false;
-    if (!started) {
-      started = true;
-      deadline = Clock::now() + cfg.header_timeout;
-    }
-  }
-}
-
 task<bool> Session::reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks) {
   std::string r = local_reply(p, keep_alive, version, marks);
   timed_out_ = false;
   arm(cfg().body_timeout);
-  boost::system::error_code ec = co_await write_all(client_, net::buffer(r));
-  disarm();
-  co_return !ec && !timed_out_ && keep_alive;
+  boost::system::error_code ec;
+  co_await net::async_write(client_, net::buffer(r), net::redirect_error(use_task, ec));
+  co_return !settle(ec) && keep_alive;
 }
 
 // Reads and drops the next n body bytes. Returns false if they did not arrive.
@@ -534,9 +553,7 @@ enum class TokenState { ok, missing, malformed };
 
 task<bool> Session::handle(std::size_t head_len) {
   const auto& cfg = this->cfg();
-  std::string_view data = in_.view();
-  RequestHead head;
-  scan_request_head(data, cfg.max_header_bytes, &head);
+  const RequestHead& head = head_;  // scanned by run()
   const int version = head.version;
   Framing fr = check_framing(head);
   if (!fr.ok) co_return co_await reply(Problem{400, "bad-framing", "Bad request", fr.reason}, false, version, kNoMarks);
@@ -832,7 +849,10 @@ task<std::unique_ptr<UpConn>> Session::take_upstream(const config::Route& route,
   while (!pool.empty()) {
     auto c = std::move(pool.back());
     pool.pop_back();
-    if (still_open(c->sock) && c->buf.empty()) co_return c;
+    // A connection back from its last exchange moments ago is taken as is; one idle longer is
+    // checked first for a close the upstream sent meanwhile (a send into it would fail the
+    // request with a 502 rather than reach the upstream).
+    if (c->buf.empty() && (Clock::now() - c->idle_since < kPeekAfterIdle || still_open(c->sock))) co_return c;
   }
   ex->up = std::make_unique<UpConn>(w_.ioc);  // visible to a drain abort while connecting
   std::vector<tcp::endpoint> endpoints;
@@ -855,6 +875,7 @@ task<std::unique_ptr<UpConn>> Session::take_upstream(const config::Route& route,
 void Session::give_back(const config::Route& route, std::unique_ptr<UpConn> c) {
   auto& pool = w_.idle[route.upstream];
   if (pool.size() >= cfg().upstream_idle_per_thread) return;
+  c->idle_since = Clock::now();
   pool.push_back(std::move(c));
 }
 
@@ -907,24 +928,9 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
                      version, marks);
     co_return false;
   };
-  // Writes to the upstream / the client under their timeouts.
-  auto to_upstream = [&](const auto& bufs) -> task<boost::system::error_code> {
-    arm(cfg.upstream_timeout);
-    auto e = co_await write_all(ex->up->sock, bufs);
-    disarm();
-    co_return timed_out_ ? net::error::timed_out : e;
-  };
-  auto to_client = [&](const auto& bufs) -> task<bool> {
-    arm(cfg.body_timeout);
-    auto e = co_await write_all(client_, bufs);
-    disarm();
-    co_return !e && !timed_out_;
-  };
-
   // The upstream request head: hop-by-hop fields go (RFC 9110 7.6.1), X-Forwarded-For and
   // Forwarded get the client appended, framing is restated from what was validated.
   {
-    const auto named = connection_named(head);
     std::string xff, fwd;
     out_.clear();
     out_ += head.method;
@@ -933,7 +939,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     out_ += " HTTP/1.1\r\n";
     for (const auto& f : head.fields) {
       const std::string_view n = f.name;
-      if (is_hop_by_hop(n) || named_in(named, n) || iequals(n, "Expect") || iequals(n, "Content-Length") ||
+      if (is_hop_by_hop(n) || named_by_connection(head, n) || iequals(n, "Expect") || iequals(n, "Content-Length") ||
           iequals(n, "Transfer-Encoding"))
         continue;
       if (iequals(n, "X-Forwarded-For") || iequals(n, "Forwarded")) {
@@ -962,16 +968,20 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
 
   if (expect_continue) {
     static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-    if (!co_await to_client(net::buffer(kContinue))) co_return false;
+    arm(cfg.body_timeout);
+    co_await net::async_write(client_, net::buffer(kContinue), net::redirect_error(use_task, ec));
+    if (settle(ec)) co_return false;
   }
 
   // Request: the head with the first body bytes in one write, then the rest as it arrives.
-  std::vector<net::const_buffer> gather;
-  std::string frame;
+  auto& gather = gather_;
+  auto& frame = frame_;
   if (!fr.chunked) {
     std::uint64_t left = fr.content_length.value_or(0);
     std::size_t pre = static_cast<std::size_t>(std::min<std::uint64_t>(left, in_.size()));
-    ec = co_await to_upstream(std::array<net::const_buffer, 2>{net::buffer(out_), net::buffer(in_.view().data(), pre)});
+    arm(cfg.upstream_timeout);
+    co_await net::async_write(up.sock, std::array<net::const_buffer, 2>{net::buffer(out_), net::buffer(in_.view().data(), pre)}, net::redirect_error(use_task, ec));
+    ec = settle(ec);
     if (ec) co_return co_await upstream_failed(ec, "send");
     in_.consume(pre);
     left -= pre;
@@ -979,7 +989,9 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       ec = co_await read_client(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer)), cfg.body_timeout);
       if (ec) co_return co_await client_body_failed(nullptr, false);
       std::size_t n = std::min<std::size_t>(in_.size(), static_cast<std::size_t>(left));
-      ec = co_await to_upstream(net::buffer(in_.view().data(), n));
+      arm(cfg.upstream_timeout);
+      co_await net::async_write(up.sock, net::buffer(in_.view().data(), n), net::redirect_error(use_task, ec));
+      ec = settle(ec);
       if (ec) co_return co_await upstream_failed(ec, "send");
       in_.consume(n);
       left -= n;
@@ -1012,7 +1024,9 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       }
       if (dec.done()) gather.push_back(net::buffer(kLastChunk));
       if (!head_sent || total || dec.done()) {
-        ec = co_await to_upstream(gather);
+        arm(cfg.upstream_timeout);
+        co_await net::async_write(up.sock, gather, net::redirect_error(use_task, ec));
+        ec = settle(ec);
         if (ec) co_return co_await upstream_failed(ec, "send");
         head_sent = true;
       }
@@ -1026,16 +1040,8 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   }
 
   // Response head; interim 1xx responses are dropped.
-  ResponseHead rh;
+  ResponseHead& rh = resp_;
   std::size_t rh_len = 0;
-  auto read_up = [&](std::size_t want) -> task<boost::system::error_code> {
-    arm(cfg.upstream_timeout);
-    boost::system::error_code e;
-    std::size_t n = co_await up.sock.async_read_some(up.buf.prepare(want), net::redirect_error(use_task, e));
-    disarm();
-    up.buf.commit(n);
-    co_return timed_out_ ? net::error::timed_out : e;
-  };
   for (;;) {
     if (!up.buf.empty()) {
       HeadScan s = scan_response_head(up.buf.view(), kMaxResponseHeader, &rh);
@@ -1058,7 +1064,12 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
                                  false, version, marks);
       }
     }
-    ec = co_await read_up(kRelayBuffer);
+    {
+      arm(cfg.upstream_timeout);
+      std::size_t got = co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+      up.buf.commit(got);
+      ec = settle(ec);
+    }
     if (ec) co_return co_await upstream_failed(ec, "response");
   }
   if (rh.status == 101) {
@@ -1072,7 +1083,8 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   enum class Body { none, length, chunked, until_close };
   Body body = Body::until_close;
   std::uint64_t body_len = 0;
-  std::string te_value;
+  std::string& te_value = te_value_;
+  te_value.clear();
   {
     std::string_view cl;
     const std::size_t ncl = rh.count("Content-Length", &cl);
@@ -1125,7 +1137,6 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
 
   // The client's response head.
   {
-    const auto named = connection_named(rh);
     std::string_view view = up.buf.view();
     std::string_view status_line = view.substr(8, view.find("\r\n") - 8);  // " 200 OK"
     out_.clear();
@@ -1134,7 +1145,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     out_ += "\r\n";
     for (const auto& f : rh.fields) {
       const std::string_view n = f.name;
-      if (is_hop_by_hop(n) || named_in(named, n) || iequals(n, "Transfer-Encoding")) continue;
+      if (is_hop_by_hop(n) || named_by_connection(rh, n) || iequals(n, "Transfer-Encoding")) continue;
       if (iequals(n, "Content-Length") && body != Body::none) continue;
       if ((marks.generation && iequals(n, "Fencing-Generation")) || (!marks.observe.empty() && iequals(n, "Fencing-Observe")))
         continue;
@@ -1160,7 +1171,9 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   switch (body) {
     case Body::none:
       exchange_over();
-      if (!co_await to_client(net::buffer(out_))) co_return false;
+      arm(cfg.body_timeout);
+      co_await net::async_write(client_, net::buffer(out_), net::redirect_error(use_task, ec));
+      if (settle(ec)) co_return false;
       break;
     case Body::length: {
       std::uint64_t left = body_len;
@@ -1171,12 +1184,19 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
         std::array<net::const_buffer, 2> b{net::buffer(out_.data(), head_sent ? 0 : out_.size()),
                                            net::buffer(up.buf.view().data(), n)};
         if (!head_sent || n) {
-          if (!co_await to_client(b)) co_return false;
+          arm(cfg.body_timeout);
+          co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+          if (settle(ec)) co_return false;
           head_sent = true;
         }
         up.buf.consume(n);
         if (left == 0) break;
-        ec = co_await read_up(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer)));
+        {
+          arm(cfg.upstream_timeout);
+          std::size_t got = co_await up.sock.async_read_some(up.buf.prepare(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer))), net::redirect_error(use_task, ec));
+          up.buf.commit(got);
+          ec = settle(ec);
+        }
         if (ec) co_return body_failed(ec.message());
       }
       break;
@@ -1216,13 +1236,20 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
         }
         if (done && chunk_out) gather.push_back(net::buffer(kLastChunk));
         if (!head_sent || total || (done && chunk_out)) {
-          if (!co_await to_client(gather)) co_return false;
+          arm(cfg.body_timeout);
+          co_await net::async_write(client_, gather, net::redirect_error(use_task, ec));
+          if (settle(ec)) co_return false;
           head_sent = true;
         }
         up.buf.consume(used);
         if (done) break;
         if (up.buf.empty()) {
-          ec = co_await read_up(kRelayBuffer);
+          {
+            arm(cfg.upstream_timeout);
+            std::size_t got = co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+            up.buf.commit(got);
+            ec = settle(ec);
+          }
           if (ec == net::error::eof && body == Body::until_close) eof = true;
           else if (ec) co_return body_failed(ec.message());
         }
