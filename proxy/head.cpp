@@ -135,6 +135,17 @@ Framing check_framing(const RequestHead& h) {
   if (ncl > 1) return fail("several Content-Length headers");
   if (nte > 1) return fail("several Transfer-Encoding headers");
   if (ncl && nte) return fail("both Content-Length and Transfer-Encoding");
+  // CGI-style stacks (CGI, WSGI, Rack, PHP behind FastCGI) map "_" and "-" in header names to the
+  // same variable, so "Transfer_Encoding" or "Content_Length" may frame the body there while we
+  // forward it as an unknown field. No client needs such a name.
+  for (const auto& fl : h.fields) {
+    if (fl.name.find('_') == std::string_view::npos) continue;
+    std::string n(fl.name);
+    for (char& c : n)
+      if (c == '_') c = '-';
+    if (iequals(n, "Content-Length") || iequals(n, "Transfer-Encoding"))
+      return fail("header " + std::string(fl.name) + " reads as Content-Length or Transfer-Encoding");
+  }
   if (ncl) {
     if (cl.empty() || cl.size() > 19) return fail("invalid Content-Length");
     std::uint64_t n = 0;

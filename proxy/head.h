@@ -4,7 +4,8 @@
 // differently is refused here before a byte goes upstream: obsolete line folding, bare CR or LF,
 // control bytes, whitespace before a colon, invalid field names, duplicate or list-valued
 // Content-Length, Content-Length with Transfer-Encoding, any transfer coding but a single
-// "chunked", Transfer-Encoding on HTTP/1.0, missing or repeated Host.
+// "chunked", Transfer-Encoding on HTTP/1.0, missing or repeated Host, and fields named like
+// Content-Length or Transfer-Encoding with "_" for "-" (CGI-style servers read them as such).
 //
 // Pure functions on bytes; no I/O. Thread-safe.
 #pragma once
