@@ -128,8 +128,18 @@ struct Schedule {
 
 // Schedules for one run. Fault kinds are dealt from shuffled decks of all six, so every run of
 // two or more schedules (three faults each) covers every kind.
+// FG_FAULT_PARTITION_KINDS (comma list of fault names) narrows the deck; FG_FAULT_PARTITION_AUTHORITY
+// (0/1) forces the route's authority link off/on.
 std::vector<Schedule> make_schedules(std::uint64_t seed, int count, int faults_per_schedule) {
   std::mt19937_64 rng(seed);
+  std::vector<Fault> kinds = kAllFaults;
+  if (const char* k = std::getenv("FG_FAULT_PARTITION_KINDS"); k && *k) {
+    kinds.clear();
+    for (Fault f : kAllFaults)
+      if (("," + std::string(k) + ",").find("," + std::string(to_string(f)) + ",") != std::string::npos) kinds.push_back(f);
+    REQUIRE_MESSAGE(!kinds.empty(), "FG_FAULT_PARTITION_KINDS names no fault kind: ", k);
+  }
+  const char* auth = std::getenv("FG_FAULT_PARTITION_AUTHORITY");
   std::vector<Fault> deck;
   std::vector<Schedule> out;
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
@@ -140,12 +150,13 @@ std::vector<Schedule> make_schedules(std::uint64_t seed, int count, int faults_p
     s.workers = uni(2, 3);
     s.ttl_s = uni(0, 3) == 0 ? 3 : 2;
     s.authority = uni(0, 1) == 1;
+    if (auth && *auth) s.authority = std::string(auth) == "1";
     s.write_interval_ms = uni(30, 120);
     s.upstream_delay_max_ms = uni(0, 40);
     const int ttl_ms = s.ttl_s * 1000;
     for (int k = 0; k < faults_per_schedule; ++k) {
       if (deck.empty()) {
-        deck = kAllFaults;
+        deck = kinds;
         std::shuffle(deck.begin(), deck.end(), rng);
       }
       FaultStep f{deck.back()};
@@ -970,6 +981,71 @@ TEST_CASE("partition: seeded schedules of partitions, delays, held writes, etcd 
   MESSAGE("partition schedules: FG_FAULT_SEED=", seed, " FG_FAULT_PARTITION_SCHEDULES=", count,
           " FG_FAULT_PARTITION_FAULTS=", faults);
   for (const auto& s : make_schedules(seed, count, faults)) run_and_check(s);
+}
+
+// Found by the schedules (FG_FAULT_SEED=99 FG_FAULT_PARTITION_KINDS=etcd-restart
+// FG_FAULT_PARTITION_AUTHORITY=1 FG_FAULT_PARTITION_SCHEDULES=1 FG_FAULT_PARTITION_FAULTS=4: w0's
+// elect exited 76 after the 4th restart), reduced here to its cause: on an authority-linked route
+// the admin fence barrier classifies the presented generation with the authority's *view* of the
+// election, which lags etcd -- after an etcd restart by up to the watch's reconnect and the next
+// probe (hundreds of ms). A candidate elected in that window gets 409 unknown-generation (or
+// not-leader) from `POST /v1/resources/{id}/fence`, resigns and exits 76: etcd made it the leader,
+// the barrier meant to let it start refused it. The same race exists, narrower, without a restart
+// (the barrier POST can overtake the watch event that shows the new leader). Safety is not at
+// stake (nothing is forwarded); liveness is: without a supervisor or --recampaign the elected
+// worker gives up. Marked may_fail so CI stays green until the proxy is fixed (e.g. resync with a
+// range before refusing a generation above the view's leader, or answer 503 so elect retries).
+TEST_CASE("partition regression: right after an etcd restart the activation barrier refuses the newly elected leader "
+          "(409 unknown-generation) and elect exits 76" * doctest::may_fail()) {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream upstream;
+  const std::uint16_t admin = free_port();
+  json route;
+  route["prefix"] = std::string("/r/") + kResource + "/";
+  route["upstream"] = upstream.url();
+  route["resource"] = kResource;
+  route["authority"] = {{"etcd", json::array({etcd.url()})}, {"election", "reg"}};
+  json cfg;
+  cfg["routes"] = json::array({route});
+  cfg["admin"] = {{"listen", "127.0.0.1:" + std::to_string(admin)}};
+  ProxySpec spec;
+  spec.config = cfg;
+  Proxy proxy(spec);
+  FG_START(proxy);
+  FG_LOG_ON_FAILURE(proxy);
+  std::this_thread::sleep_for(1500ms);  // the authority has ranged and watches
+  const std::string fence = "http://127.0.0.1:" + std::to_string(admin) + "/v1/resources/" + kResource;
+  int refused = 0;
+  TempDir dir("fencegate-part-reg");
+  const int attempts = 5;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    auto flags = [&] {
+      return std::vector<std::string>{"--etcd", etcd.url(), "--election", "reg", "--ttl", "2", "--grace-ms", "500",
+                                      "--fence", fence};
+    };
+    Contender a = start_contender(dir.path(), "a" + std::to_string(attempt), flags());
+    REQUIRE_MESSAGE(eventually([&] { return a.started_command(); }, 15s), a.log());
+    Contender b = start_contender(dir.path(), "b" + std::to_string(attempt), flags());
+    std::this_thread::sleep_for(500ms);  // b waits in line; its key is seen
+    INFO("a's log:\n", a.log(), "b's log:\n", b.log());
+    // An etcd restart: the authority's watch reconnects; b's campaign may break and start over.
+    etcd.stop();
+    FG_START_ETCD(etcd);
+    a.process->kill(SIGTERM);  // a resigns; b is elected at once and POSTs the barrier
+    a.process->wait_for(10s);
+    bool started = eventually([&] { return b.started_command() || !b.process->running(); }, 15s);
+    auto st = b.process->exit_status();
+    const bool gave_up = !b.started_command() && st.has_value();
+    if (gave_up) ++refused;
+    CHECK_MESSAGE((started && b.started_command()), "attempt ", attempt,
+                  ": the elected successor did not start its command; elect ",
+                  st ? st->describe() : std::string("still running"), "\n", b.log());
+    b.process->kill(SIGTERM);
+    b.process->wait_for(10s);
+  }
+  MESSAGE("the barrier refused the elected successor in ", refused, " of ", attempts, " handovers after an etcd restart");
 }
 
 // ------------------------------------------------------------------------------------------
