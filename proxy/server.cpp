@@ -15,6 +15,7 @@
 // enforces drain timeouts. Results from those threads are posted back to the session's io_context.
 #include "proxy/server.h"
 
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
@@ -63,7 +64,7 @@ constexpr std::size_t kRelayBuffer = 16 * 1024;
 constexpr std::size_t kMaxResponseHeader = 64 * 1024;
 constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this are skipped, not fatal
 constexpr auto kWatchdogTick = std::chrono::milliseconds(20);
-constexpr auto kHotIdle = std::chrono::milliseconds(1000);  // idle reads keep their buffer this long
+constexpr auto kHotIdle = std::chrono::milliseconds(50);  // idle reads keep their buffer this long
 constexpr auto kPeekAfterIdle = std::chrono::milliseconds(100);  // pooled upstreams idle longer are probed
 constexpr std::size_t kMaxGather = 32;               // chunk data runs re-framed per write
 
@@ -138,6 +139,9 @@ struct Worker {
   // Guarded by running on ioc's single thread.
   std::unordered_map<std::string, std::vector<std::unique_ptr<UpConn>>> idle;
   Timer watchdog{ioc.get_executor()};
+  std::uint64_t requests = 0;            // started on this worker
+  std::uint64_t requests_at_tick = 0;    // ... as of the previous watchdog tick
+  bool trimmed = true;                   // no request since the heap was last trimmed
   void start_watchdog();
 };
 
@@ -331,11 +335,41 @@ class Session {
     if (prev_) prev_->next_ = next_;
     else w_.sessions = next_;
     if (next_) next_->prev_ = prev_;
+    st_.connections.fetch_sub(1, std::memory_order_relaxed);
+    rt_.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // Runs the connection's loop. When the connection goes idle it parks: the coroutine ends and
+  // only the session and one readiness wait remain (a few hundred bytes), until the client sends
+  // again (start() once more) or the idle timeout closes it. The session is owned by whichever
+  // of the two holds it, and destroyed (the connection closed) when neither continues.
+  static void start(std::unique_ptr<Session> s, bool woken) {
+    Session* raw = s.get();
+    net::co_spawn(raw->w_.ioc, raw->run(woken), [s = std::move(s)](std::exception_ptr e, bool park) mutable {
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          log::error("session ended with an error", {log::kv("error", x.what())});
+        }
+        return;
+      }
+      if (park) Session::park(std::move(s));
+    });
+  }
+  static void park(std::unique_ptr<Session> s) {
+    Session* raw = s.get();
+    raw->client_.async_wait(tcp::socket::wait_read, [s = std::move(s)](boost::system::error_code ec) mutable {
+      if (ec || s->timed_out_ || s->rt_.stopping.load(std::memory_order_relaxed)) return;  // closes
+      s->disarm();
+      Session::start(std::move(s), true);
+    });
   }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  task<void> run();
+  // The connection's loop; returns true to park (idle, nothing buffered) and false to close.
+  task<bool> run(bool woken);
 
   // Watchdog (on the worker's thread): past the deadline, cancel what the session waits for.
   static void check_deadlines(Worker& w, Clock::time_point now) {
@@ -356,6 +390,10 @@ class Session {
   }
 
  private:
+  int scan_head(std::size_t* checked, std::size_t* head_len);
+  void shed();
+  void begin_request();
+  void request_failed(const std::exception& e);
   task<bool> handle(std::size_t head_len);
   task<bool> reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks);
   task<store::Status> audit_sync(store::AuditRow row);
@@ -411,63 +449,89 @@ void Worker::start_watchdog() {
   watchdog.async_wait([this](boost::system::error_code ec) {
     if (ec) return;
     Session::check_deadlines(*this, Clock::now());
+    // A burst of requests leaves freed frames and buffers between the small allocations that
+    // idle connections keep; once the worker has gone quiet, hand those pages back to the
+    // system (never under load: only after a whole tick without a new request).
+    if (requests != requests_at_tick) {
+      requests_at_tick = requests;
+      trimmed = false;
+    } else if (!trimmed) {
+      trimmed = true;
+      ::malloc_trim(0);
+    }
     start_watchdog();
   });
 }
 
-task<void> Session::run() {
-  bool first = true;
-  bool hot = false;  // a request was just served: wait for the next with the read buffer in place
+// Scans what the client sent so far. Returns 1 with *head_len when head_ holds a complete head,
+// 0 when more bytes are needed, -1 when the head is refused (out_ then holds the reply).
+int Session::scan_head(std::size_t* checked, std::size_t* head_len) {
+  const auto& cfg = this->cfg();
+  std::string_view data = in_.view();
+  if (data.empty()) return 0;
+  // Cheap incremental check first; the full scan runs once the head looks complete.
+  const std::size_t from = *checked;
+  *checked = data.size();
+  bool maybe_done = data.find("\r\n\r\n", from > 3 ? from - 3 : 0) != std::string_view::npos;
+  if (!maybe_done && !head_prefix_hopeless(data, from) && data.size() < cfg.max_header_bytes) return 0;
+  HeadScan s = scan_request_head(data, cfg.max_header_bytes, &head_);
+  switch (s.status) {
+    case HeadStatus::complete:
+      *head_len = s.length;
+      return 1;
+    case HeadStatus::bad:
+      out_ = local_reply(Problem{400, "bad-request", "Bad request", s.reason}, false, 11, kNoMarks);
+      return -1;
+    case HeadStatus::too_large:
+      out_ = local_reply(Problem{431, "header-too-large", "Request header fields too large",
+                                 "the request head exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"},
+                         false, 11, kNoMarks);
+      return -1;
+    default:
+      return 0;
+  }
+}
+
+// Gives back the memory an idle connection does not need while it waits.
+void Session::shed() {
+  in_.release();
+  std::string().swap(out_);
+  std::vector<HeadField>().swap(head_.fields);
+  std::vector<HeadField>().swap(resp_.fields);
+  std::vector<net::const_buffer>().swap(gather_);
+}
+
+// The connection's loop. Everything that is not a wait lives in plain member functions: the
+// frame of this coroutine stays allocated for as long as the connection is open, so it holds
+// only a few scalars (10,000 idle keep-alive connections are 10,000 of these frames).
+task<bool> Session::run(bool woken) {
+  bool first = !woken;
+  // Hot: read straight away, with the read buffer in place (a new connection, one the client
+  // just woke, one that just served a request). Cold: park until the client sends.
+  bool hot = true;
+  boost::system::error_code ec;
   for (;;) {
-    // Read until in_ holds a complete request head; it is scanned once, into head_. Returns to
-    // the top (closing) when the peer closed, the idle time ran out, or an error was answered.
-    const auto& cfg = this->cfg();
+    // Read until in_ holds a complete request head; it is scanned once, into head_.
     std::size_t checked = 0, head_len = 0;
-    bool started = !in_.empty();
+    bool started = !in_.empty() || woken;
+    woken = false;
     timed_out_ = false;
-    auto deadline = Clock::now() + (started || first ? cfg.header_timeout : cfg.idle_timeout);
-    for (;;) {
-      if (!in_.empty()) {
-        std::string_view data = in_.view();
-        // Cheap incremental check first; the full scan runs once the head looks complete.
-        bool maybe_done = data.find("\r\n\r\n", checked > 3 ? checked - 3 : 0) != std::string_view::npos;
-        if (maybe_done || head_prefix_hopeless(data, checked) || data.size() >= cfg.max_header_bytes) {
-          HeadScan s = scan_request_head(data, cfg.max_header_bytes, &head_);
-          if (s.status == HeadStatus::complete) {
-            head_len = s.length;
-            break;
-          }
-          if (s.status == HeadStatus::bad) {
-            co_await reply(Problem{400, "bad-request", "Bad request", s.reason}, false, 11, kNoMarks);
-            break;
-          }
-          if (s.status == HeadStatus::too_large) {
-            co_await reply(Problem{431, "header-too-large", "Request header fields too large",
-                                   "the request head exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"},
-                           false, 11, kNoMarks);
-            break;
-          }
-        }
-        checked = data.size();
-      }
+    Clock::time_point deadline = Clock::now() + (started || first ? cfg().header_timeout : cfg().idle_timeout);
+    int state = 0;
+    while ((state = scan_head(&checked, &head_len)) == 0) {
       deadline_ = deadline;
-      boost::system::error_code ec;
       if (in_.empty() && !hot) {
-        // An idle keep-alive connection holds no buffers: wait until bytes arrive, then read.
-        in_.release();
-        std::string().swap(out_);
-        std::vector<HeadField>().swap(head_.fields);
-        std::vector<HeadField>().swap(resp_.fields);
-        std::vector<net::const_buffer>().swap(gather_);
-        co_await client_.async_wait(tcp::socket::wait_read, net::redirect_error(use_task, ec));
-        if (ec || timed_out_) break;  // idle timeout: nothing was sent, just close
+        // Idle with nothing buffered: park, holding no buffers, until bytes arrive. The
+        // deadline (idle or head timeout) stays armed for the watchdog.
+        shed();
+        co_return true;
       }
-      std::size_t room = std::min<std::size_t>(cfg.max_header_bytes + 4 - in_.size(), in_.size() ? 16384 : 4096);
-      if (room == 0) room = 1;
+      std::size_t room = std::min<std::size_t>(cfg().max_header_bytes + 4 - in_.size(), in_.size() ? 16384 : 4096);
       // A hot connection reads straight away (no readiness wait to register); if nothing comes
       // for kHotIdle the watchdog cancels the read and the connection waits cold, bufferless.
       if (hot) cold_at_ = Clock::now() + kHotIdle;
-      std::size_t n = co_await client_.async_read_some(in_.prepare(room), net::redirect_error(use_task, ec));
+      std::size_t n = co_await client_.async_read_some(in_.prepare(std::max<std::size_t>(room, 1)),
+                                                       net::redirect_error(use_task, ec));
       in_.commit(n);
       cold_at_ = Clock::time_point::max();
       const bool went_cold = going_cold_;
@@ -476,41 +540,56 @@ task<void> Session::run() {
       if (went_cold && n == 0 && !timed_out_ && ec == net::error::operation_aborted) continue;
       if (timed_out_) {
         if (!in_.empty()) {
-          timed_out_ = false;
-          co_await reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
-                         false, 11, kNoMarks);
+          out_ = local_reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
+                             false, 11, kNoMarks);
+          state = -1;
         }
         break;
       }
       if (ec) break;
       if (!started) {
         started = true;
-        deadline = Clock::now() + cfg.header_timeout;
+        deadline = Clock::now() + cfg().header_timeout;
       }
     }
     disarm();
-    if (head_len == 0) break;
-    // A reload applies from the next request on, even on this connection.
-    if (std::uint64_t v = rt_.snapshot_version(); v != snap_version_) {
-      snap_version_ = v;
-      snap_ = rt_.snapshot();
+    if (state < 0) {  // the refusal is in out_; the connection closes after it
+      timed_out_ = false;
+      arm(cfg().body_timeout);
+      co_await net::async_write(client_, net::buffer(out_), net::redirect_error(use_task, ec));
+      disarm();
     }
-    first = false;
-    st_.active_requests.fetch_add(1, std::memory_order_relaxed);
+    if (state <= 0) break;
+    begin_request();
     bool again = false;
     try {
       again = co_await handle(head_len);
     } catch (const std::exception& e) {
-      log::error("request failed", {log::kv("error", e.what()), log::kv("client", client_addr_)});
+      request_failed(e);
     }
     st_.active_requests.fetch_sub(1, std::memory_order_relaxed);
     if (!again || rt_.stopping.load(std::memory_order_relaxed)) break;
+    first = false;
     hot = true;
   }
   disarm();
-  boost::system::error_code ec;
   client_.shutdown(tcp::socket::shutdown_send, ec);
   client_.close(ec);
+  co_return false;
+}
+
+void Session::begin_request() {
+  // A reload applies from the next request on, even on this connection.
+  if (std::uint64_t v = rt_.snapshot_version(); v != snap_version_) {
+    snap_version_ = v;
+    snap_ = rt_.snapshot();
+  }
+  st_.active_requests.fetch_add(1, std::memory_order_relaxed);
+  ++w_.requests;
+}
+
+void Session::request_failed(const std::exception& e) {
+  log::error("request failed", {log::kv("error", e.what()), log::kv("client", client_addr_)});
 }
 
 task<boost::system::error_code> Session::read_client(std::size_t want, std::chrono::milliseconds timeout) {
@@ -1289,23 +1368,7 @@ task<void> accept_loop(ServerState& st, Acceptor& acceptor, std::vector<std::uni
     }
     st.connections.fetch_add(1, std::memory_order_relaxed);
     st.rt.metrics.open_connections.fetch_add(1, std::memory_order_relaxed);
-    net::co_spawn(
-        w.ioc,
-        [&st, &w, s = std::move(sock)]() mutable -> task<void> {
-          Session session(st, w, std::move(s));
-          co_await session.run();
-        },
-        [&st](std::exception_ptr e) {
-          st.connections.fetch_sub(1, std::memory_order_relaxed);
-          st.rt.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
-          if (e) {
-            try {
-              std::rethrow_exception(e);
-            } catch (const std::exception& x) {
-              log::error("session ended with an error", {log::kv("error", x.what())});
-            }
-          }
-        });
+    Session::start(std::make_unique<Session>(st, w, std::move(sock)), false);
   }
 }
 
