@@ -32,6 +32,14 @@ namespace {
 
 // --- process and socket helpers ---------------------------------------------------------------
 
+// RSS allowances are multiplied by this: under ASan the proxy's allocator adds redzones and keeps
+// freed memory in quarantine, so growth says less about what is really held.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr std::size_t kRssSlack = 3;
+#else
+constexpr std::size_t kRssSlack = 1;
+#endif
+
 // Resident set size of a process in KiB (VmRSS), 0 if unreadable.
 std::size_t rss_kib(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -476,6 +484,16 @@ std::vector<Case> smuggling_corpus() {
                    "POST /tenants/s/c HTTP/1.1\r\n" + kHost + kTok + "Content-Length: " + std::to_string(kSmuggle.size()) +
                    "\r\n\r\n" + kSmuggle,
                {2, 2, 409}, After::usable, {{"POST", "/tenants/s/a", ""}, {"POST", "/tenants/s/b", "", "2"}}});
+  {
+    // Over the 64 KiB the proxy reads and drops for a refused request: it closes instead.
+    std::string body = kSmuggle + std::string(70000, 'z');
+    v.push_back({"malformed token with a 70 KB body starting with a request: closed, nothing run",
+                 "POST /c HTTP/1.1\r\n" + kHost + "Fencing-Token: x\r\nContent-Length: " + std::to_string(body.size()) +
+                     "\r\n\r\n" + body + kSmuggle,
+                 {400}});
+  }
+  v.push_back({"Connection: close, then a pipelined request: answered once, closed",
+               post("Connection: close\r\nContent-Length: 5\r\n\r\nhello") + kSmuggle, {2}, After::closed, {hello()}});
   v.push_back({"malformed token with a chunked body holding a request: closed, nothing run",
                "POST /c HTTP/1.1\r\n" + kHost + "Fencing-Token: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
                    hex(kSmuggle.size()) + "\r\n" + kSmuggle + "\r\n0\r\n\r\n" + kSmuggle,
@@ -562,7 +580,7 @@ TEST_CASE("hostile: bodies over max_body_bytes: 413 declared or streamed, never 
   CHECK(up.count() == count_before);
   const std::size_t rss1 = rss_kib(px.process().pid());
   INFO("proxy RSS before ", rss0, " KiB, after ", rss1, " KiB");
-  CHECK(rss1 < rss0 + 16 * 1024);
+  CHECK(rss1 < rss0 + 16 * 1024 * kRssSlack);
   check_healthy(px, "/health/after-stream");
 }
 
@@ -820,7 +838,7 @@ TEST_CASE("hostile: chunk-size lines, chunk extensions and trailers are bounded 
     std::string got;
     read_some(fd.get(), got, 500ms);
     INFO("sent ", mib, " MiB; proxy RSS before ", rss0, " KiB, while held ", rss1, " KiB; got: ", got.substr(0, 120));
-    CHECK(rss1 < rss0 + 8 * 1024);
+    CHECK(rss1 < rss0 + 8 * 1024 * kRssSlack);
     close_with_reset(fd);
     check_healthy(px, "/health");
   }
@@ -876,7 +894,7 @@ TEST_CASE("hostile: clients that never read their response: memory stays bounded
     peak = std::max(peak, rss_kib(px.process().pid()));
   }
   INFO("proxy RSS before ", rss0, " KiB, peak while stalled ", peak, " KiB");
-  CHECK(peak < rss0 + 16 * 1024);
+  CHECK(peak < rss0 + 16 * 1024 * kRssSlack);
 
   // After body_timeout_ms without write progress the proxy gives up on them: the upstream's
   // writes of /big fail (the proxy closed its side) instead of completing.
@@ -899,7 +917,11 @@ TEST_CASE("hostile: clients that never read their response: memory stays bounded
 }
 
 TEST_CASE("hostile: 2000 idle connections: bounded memory, others served, all released") {
-  REQUIRE(raise_nofile(8192) >= 4200);
+  // 2000 connections need 2000 descriptors here and as many in the proxy (it raises its own soft
+  // limit to the hard one); with a lower hard limit the test scales down rather than fail.
+  const rlim_t nofile = raise_nofile(8192);
+  const int total = static_cast<int>(std::min<rlim_t>(2000, nofile > 600 ? (nofile - 300) / 2 * 2 : 300));
+  if (total < 2000) MESSAGE("open-file limit ", nofile, ": ", total, " idle connections instead of 2000");
   RecordingUpstream up;
   json cfg = config_with_routes({route("/", up.url(), "default")});
   Proxy px(config_spec(cfg));
@@ -910,7 +932,7 @@ TEST_CASE("hostile: 2000 idle connections: bounded memory, others served, all re
   const std::size_t rss0 = rss_kib(px.process().pid());
 
   // 1000 connections that never send a byte, 1000 idle keep-alive connections after one request.
-  constexpr int kSilent = 1000, kKept = 1000;
+  const int kSilent = total / 2, kKept = total / 2;
   std::vector<HttpClient> conns(kSilent + kKept);
   for (int i = 0; i < kSilent + kKept; ++i) REQUIRE_MESSAGE(conns[i].connect(px.port()), "connection ", i);
   int kept_ok = 0;
@@ -919,8 +941,8 @@ TEST_CASE("hostile: 2000 idle connections: bounded memory, others served, all re
   std::this_thread::sleep_for(200ms);
   const std::size_t rss1 = rss_kib(px.process().pid());
   auto open = sample(parse_prometheus(admin_get(admin, "/metrics").response.body), "fencegate_open_connections");
-  INFO("proxy RSS before ", rss0, " KiB, with 2000 idle connections ", rss1, " KiB");
-  CHECK(rss1 < rss0 + 40 * 1024);  // ~20 KiB per idle connection at most
+  INFO("proxy RSS before ", rss0, " KiB, with ", total, " idle connections ", rss1, " KiB");
+  CHECK(rss1 < rss0 + std::size_t(total) * 20 * kRssSlack);  // ~20 KiB per idle connection at most
   CHECK(open.value_or(-1) == kSilent + kKept);
 
   for (int i = 0; i < 5; ++i) {
@@ -1019,7 +1041,7 @@ TEST_CASE("hostile: 5000 distinct template resources with max_resources: 503 bey
   CHECK(bad_bodies.empty());
   const std::size_t rss1 = rss_kib(px.process().pid());
   INFO("proxy RSS before ", rss0, " KiB, after ", rss1, " KiB");
-  CHECK(rss1 < rss0 + 24 * 1024);
+  CHECK(rss1 < rss0 + 24 * 1024 * kRssSlack);
   // Only admitted writes were forwarded; admitted tenants and the health resource keep working,
   // and a new tenant is still refused with a clear error.
   CHECK(up.count() == 1 + ok_tenants.size());

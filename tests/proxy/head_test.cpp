@@ -309,6 +309,10 @@ TEST_CASE("check_framing: refused framings") {
       "GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n",
       "GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n",
       "GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n",
+      // framing fields spelled with '_' (CGI-style servers read them as the real ones)
+      "POST / HTTP/1.1\r\nHost: a\r\nTransfer_Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+      "POST / HTTP/1.1\r\nHost: a\r\ncontent_length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+      "POST / HTTP/1.1\r\nHost: a\r\nContent_Length: 5\r\n\r\n",
   };
   for (const char* data : bad) {
     CAPTURE(std::string(data));
