@@ -527,7 +527,7 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     for (const auto& route : cfg.routes) {
       Authority* au = rt.authorities->for_route(route);
       if (!au || !resource_matches_template(route.resource, resource)) continue;
-      AuthorityCheck ac = au->check(g);
+      AuthorityCheck ac = au->confirm(g);  // a refusal is confirmed with etcd first
       if (ac.verdict == AuthorityVerdict::leader) continue;
       json ctx = {{"resource", resource}, {"presented_generation", g}, {"current_generation", ac.leader}};
       if (ac.verdict == AuthorityVerdict::unavailable)

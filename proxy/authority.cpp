@@ -226,11 +226,19 @@ void Authority::announce() {
   if (on_new_leader_) on_new_leader_(g, id);
 }
 
-bool Authority::resync() {
+AuthorityCheck Authority::confirm(std::int64_t g) {
+  AuthorityCheck c = check(g);
+  if (c.verdict != AuthorityVerdict::not_leader && c.verdict != AuthorityVerdict::unknown_generation) return c;
+  election::Client client(client_options_);  // the loop's client is the loop thread's
+  if (!resync(client)) return c;
+  return check(g);
+}
+
+bool Authority::resync(election::Client& client) {
   const auto sent = Clock::now();
   std::vector<election::KeyValue> kvs;
   election::ResponseHeader h;
-  election::Status st = client_->range(prefix_, election::prefix_range_end(prefix_), &kvs, &h);
+  election::Status st = client.range(prefix_, election::prefix_range_end(prefix_), &kvs, &h);
   if (!st.ok()) {
     log::debug("authority: range failed", {log::kv("election", cfg_.election), log::kv("error", st.to_string())});
     return false;

@@ -125,6 +125,12 @@ class Authority {
   // Thread-safe, no I/O: one mutex and a clock read.
   AuthorityCheck check(std::int64_t g) const;
 
+  // check(), but a refusal that the watch may simply not have caught up with yet (not_leader,
+  // unknown_generation: a leader elected moments ago, or just after an etcd restart) is checked
+  // against etcd first: one range read of the election, then check() again. Blocks for up to a
+  // request timeout; for the activation barrier, not for the data path.
+  AuthorityCheck confirm(std::int64_t g);
+
   const config::Authority& config() const { return cfg_; }
 
   struct Status {
@@ -142,7 +148,8 @@ class Authority {
 
  private:
   void loop();
-  bool resync();  // range the prefix; returns true iff etcd answered
+  bool resync() { return resync(*client_); }
+  bool resync(election::Client& client);  // range the prefix; returns true iff etcd answered
   void fetch_ttl();
   void start_watch_locked_out(std::int64_t from);
   void on_batch(const election::WatchBatch& b);
