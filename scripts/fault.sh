@@ -22,6 +22,7 @@ esac
 case "$count" in *[!0-9]*) echo "usage: scripts/fault.sh --long [N]" >&2; exit 2 ;; esac
 
 ./scripts/setup.sh
+commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!tests/fault/LAST_LONG_RUN.md' || echo "+local changes")
 
 cmake -S . -B build-fault -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-fault --target test_fault fencegate -j "${FAULT_BUILD_JOBS:-2}"
@@ -44,7 +45,7 @@ out=tests/fault/LAST_LONG_RUN.md
 {
   cat "$summary"
   echo
-  echo "Run: \`scripts/fault.sh --long $count\` on $(date -u +%Y-%m-%d) at commit $(git rev-parse --short HEAD)," \
+  echo "Run: \`scripts/fault.sh --long $count\` on $(date -u +%Y-%m-%d) at commit $commit (built at start)," \
        "$(nproc) CPU(s), exit status $rc."
 } >"$out"
 echo "== summary: $out"
