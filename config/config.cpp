@@ -1,6 +1,7 @@
 #include "config/config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -708,7 +709,16 @@ std::string Endpoint::to_string() const {
 
 bool Route::is_fenced(std::string_view method) const {
   if (fence_reads) return true;
-  return std::find(write_methods.begin(), write_methods.end(), method) != write_methods.end();
+  // Case-insensitive on purpose: methods are case-sensitive on the wire, but some upstreams
+  // compare them without case, and "post" must not slip past the fence as a read there.
+  auto same = [&](const std::string& m) {
+    if (m.size() != method.size()) return false;
+    for (std::size_t i = 0; i < m.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(m[i])) != std::tolower(static_cast<unsigned char>(method[i])))
+        return false;
+    return true;
+  };
+  return std::any_of(write_methods.begin(), write_methods.end(), same);
 }
 
 namespace {

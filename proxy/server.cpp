@@ -66,7 +66,8 @@ constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this
 constexpr auto kWatchdogTick = std::chrono::milliseconds(20);
 constexpr auto kHotIdle = std::chrono::milliseconds(50);  // idle reads keep their buffer this long
 constexpr auto kPeekAfterIdle = std::chrono::milliseconds(100);  // pooled upstreams idle longer are probed
-constexpr std::size_t kMaxGather = 32;               // chunk data runs re-framed per write
+constexpr std::size_t kMaxGather = 32;
+constexpr std::size_t kScratchPool = 64;  // free Scratch kept per worker               // chunk data runs re-framed per write
 
 // ---------------------------------------------------------------------------------------------
 // Shared state (constant after start, or atomic).
@@ -132,6 +133,17 @@ struct UpConn {
 
 class Session;
 
+// What a connection needs only while it is not parked: buffers and the parsed heads. Leased
+// from the worker's pool, so a parked connection holds none of it.
+struct Scratch {
+  ByteBuf in;                            // bytes from the client not yet used
+  std::string out;                       // the head being sent (upstream or client)
+  RequestHead head;                      // the current request's head (views into in)
+  ResponseHead resp;
+  std::vector<net::const_buffer> gather;
+  std::string frame, te_value;
+};
+
 struct Worker {
   // Declared before ioc: sessions still suspended when ioc is destroyed unlink themselves.
   Session* sessions = nullptr;  // intrusive list, for the watchdog
@@ -142,7 +154,20 @@ struct Worker {
   std::uint64_t requests = 0;            // started on this worker
   std::uint64_t requests_at_tick = 0;    // ... as of the previous watchdog tick
   bool trimmed = true;                   // no request since the heap was last trimmed
+  std::vector<std::unique_ptr<Scratch>> scratch;  // free ones, reused LIFO
   void start_watchdog();
+  std::unique_ptr<Scratch> lease() {
+    if (scratch.empty()) return std::make_unique<Scratch>();
+    auto s = std::move(scratch.back());
+    scratch.pop_back();
+    return s;
+  }
+  void give_back(std::unique_ptr<Scratch> s) {
+    if (!s || scratch.size() >= kScratchPool) return;
+    s->in.consume(s->in.size());
+    s->in.release();
+    scratch.push_back(std::move(s));
+  }
 };
 
 // A value produced on another thread and awaited by a session coroutine on its io_context.
@@ -322,8 +347,7 @@ class Session {
     auto ep = client_.remote_endpoint(ec);
     if (!ec) {
       client_ip_ = ep.address().to_string();
-      client_addr_ = ep.address().is_v6() ? "[" + client_ip_ + "]:" + std::to_string(ep.port())
-                                           : client_ip_ + ":" + std::to_string(ep.port());
+      client_port_ = ep.port();
       client_v6_ = ep.address().is_v6();
     }
     set_nodelay(client_);
@@ -345,6 +369,7 @@ class Session {
   // of the two holds it, and destroyed (the connection closed) when neither continues.
   static void start(std::unique_ptr<Session> s, bool woken) {
     Session* raw = s.get();
+    if (!raw->sc_) raw->sc_ = raw->w_.lease();
     net::co_spawn(raw->w_.ioc, raw->run(woken), [s = std::move(s)](std::exception_ptr e, bool park) mutable {
       if (e) {
         try {
@@ -355,6 +380,7 @@ class Session {
         return;
       }
       if (park) Session::park(std::move(s));
+      else s->w_.give_back(std::move(s->sc_));  // and the session closes
     });
   }
   static void park(std::unique_ptr<Session> s) {
@@ -413,7 +439,7 @@ class Session {
     disarm();
     return timed_out_ ? boost::system::error_code(net::error::timed_out) : ec;
   }
-  // Reads some bytes from the client into in_ under `timeout`. Returns the error (the watchdog's
+  // Reads some bytes from the client into sc_->in under `timeout`. Returns the error (the watchdog's
   // cancellation shows up as timed_out_).
   task<boost::system::error_code> read_client(std::size_t want, std::chrono::milliseconds timeout);
 
@@ -424,17 +450,12 @@ class Session {
   Runtime& rt_;
   Worker& w_;
   Socket client_;
-  ByteBuf in_;                            // bytes from the client not yet used
-  std::string out_;                       // the head being sent (upstream or client)
-  // Scratch of the exchange in progress, kept to reuse its memory.
-  ResponseHead resp_;
-  std::vector<net::const_buffer> gather_;
-  std::string frame_, te_value_;
+  std::unique_ptr<Scratch> sc_;           // while the connection is not parked
   std::uint64_t snap_version_ = 0;        // read before snap_: a newer install is never missed
   std::shared_ptr<const Snapshot> snap_;  // the config this request runs under
-  std::string client_ip_, client_addr_;
+  std::string client_ip_;
+  std::uint16_t client_port_ = 0;
   bool client_v6_ = false;
-  RequestHead head_;                      // the current request's head (views into in_)
   Clock::time_point deadline_ = Clock::time_point::max();
   bool timed_out_ = false;
   Clock::time_point cold_at_ = Clock::time_point::max();  // a hot idle read gives up its buffer
@@ -463,27 +484,27 @@ void Worker::start_watchdog() {
   });
 }
 
-// Scans what the client sent so far. Returns 1 with *head_len when head_ holds a complete head,
-// 0 when more bytes are needed, -1 when the head is refused (out_ then holds the reply).
+// Scans what the client sent so far. Returns 1 with *head_len when sc_->head holds a complete head,
+// 0 when more bytes are needed, -1 when the head is refused (sc_->out then holds the reply).
 int Session::scan_head(std::size_t* checked, std::size_t* head_len) {
   const auto& cfg = this->cfg();
-  std::string_view data = in_.view();
+  std::string_view data = sc_->in.view();
   if (data.empty()) return 0;
   // Cheap incremental check first; the full scan runs once the head looks complete.
   const std::size_t from = *checked;
   *checked = data.size();
   bool maybe_done = data.find("\r\n\r\n", from > 3 ? from - 3 : 0) != std::string_view::npos;
   if (!maybe_done && !head_prefix_hopeless(data, from) && data.size() < cfg.max_header_bytes) return 0;
-  HeadScan s = scan_request_head(data, cfg.max_header_bytes, &head_);
+  HeadScan s = scan_request_head(data, cfg.max_header_bytes, &sc_->head);
   switch (s.status) {
     case HeadStatus::complete:
       *head_len = s.length;
       return 1;
     case HeadStatus::bad:
-      out_ = local_reply(Problem{400, "bad-request", "Bad request", s.reason}, false, 11, kNoMarks);
+      sc_->out = local_reply(Problem{400, "bad-request", "Bad request", s.reason}, false, 11, kNoMarks);
       return -1;
     case HeadStatus::too_large:
-      out_ = local_reply(Problem{431, "header-too-large", "Request header fields too large",
+      sc_->out = local_reply(Problem{431, "header-too-large", "Request header fields too large",
                                  "the request head exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"},
                          false, 11, kNoMarks);
       return -1;
@@ -492,14 +513,8 @@ int Session::scan_head(std::size_t* checked, std::size_t* head_len) {
   }
 }
 
-// Gives back the memory an idle connection does not need while it waits.
-void Session::shed() {
-  in_.release();
-  std::string().swap(out_);
-  std::vector<HeadField>().swap(head_.fields);
-  std::vector<HeadField>().swap(resp_.fields);
-  std::vector<net::const_buffer>().swap(gather_);
-}
+// Gives back the memory an idle connection does not need while it waits (it is parking).
+void Session::shed() { w_.give_back(std::move(sc_)); }
 
 // The connection's loop. Everything that is not a wait lives in plain member functions: the
 // frame of this coroutine stays allocated for as long as the connection is open, so it holds
@@ -511,36 +526,36 @@ task<bool> Session::run(bool woken) {
   bool hot = true;
   boost::system::error_code ec;
   for (;;) {
-    // Read until in_ holds a complete request head; it is scanned once, into head_.
+    // Read until sc_->in holds a complete request head; it is scanned once, into sc_->head.
     std::size_t checked = 0, head_len = 0;
-    bool started = !in_.empty() || woken;
+    bool started = !sc_->in.empty() || woken;
     woken = false;
     timed_out_ = false;
     Clock::time_point deadline = Clock::now() + (started || first ? cfg().header_timeout : cfg().idle_timeout);
     int state = 0;
     while ((state = scan_head(&checked, &head_len)) == 0) {
       deadline_ = deadline;
-      if (in_.empty() && !hot) {
+      if (sc_->in.empty() && !hot) {
         // Idle with nothing buffered: park, holding no buffers, until bytes arrive. The
         // deadline (idle or head timeout) stays armed for the watchdog.
         shed();
         co_return true;
       }
-      std::size_t room = std::min<std::size_t>(cfg().max_header_bytes + 4 - in_.size(), in_.size() ? 16384 : 4096);
+      std::size_t room = std::min<std::size_t>(cfg().max_header_bytes + 4 - sc_->in.size(), sc_->in.size() ? 16384 : 4096);
       // A hot connection reads straight away (no readiness wait to register); if nothing comes
       // for kHotIdle the watchdog cancels the read and the connection waits cold, bufferless.
       if (hot) cold_at_ = Clock::now() + kHotIdle;
-      std::size_t n = co_await client_.async_read_some(in_.prepare(std::max<std::size_t>(room, 1)),
+      std::size_t n = co_await client_.async_read_some(sc_->in.prepare(std::max<std::size_t>(room, 1)),
                                                        net::redirect_error(use_task, ec));
-      in_.commit(n);
+      sc_->in.commit(n);
       cold_at_ = Clock::time_point::max();
       const bool went_cold = going_cold_;
       going_cold_ = false;
       hot = false;
       if (went_cold && n == 0 && !timed_out_ && ec == net::error::operation_aborted) continue;
       if (timed_out_) {
-        if (!in_.empty()) {
-          out_ = local_reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
+        if (!sc_->in.empty()) {
+          sc_->out = local_reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
                              false, 11, kNoMarks);
           state = -1;
         }
@@ -553,10 +568,10 @@ task<bool> Session::run(bool woken) {
       }
     }
     disarm();
-    if (state < 0) {  // the refusal is in out_; the connection closes after it
+    if (state < 0) {  // the refusal is in sc_->out; the connection closes after it
       timed_out_ = false;
       arm(cfg().body_timeout);
-      co_await net::async_write(client_, net::buffer(out_), net::redirect_error(use_task, ec));
+      co_await net::async_write(client_, net::buffer(sc_->out), net::redirect_error(use_task, ec));
       disarm();
     }
     if (state <= 0) break;
@@ -589,15 +604,15 @@ void Session::begin_request() {
 }
 
 void Session::request_failed(const std::exception& e) {
-  log::error("request failed", {log::kv("error", e.what()), log::kv("client", client_addr_)});
+  log::error("request failed", {log::kv("error", e.what()), log::kv("client", client_ip_), log::kv("client_port", client_port_)});
 }
 
 task<boost::system::error_code> Session::read_client(std::size_t want, std::chrono::milliseconds timeout) {
   arm(timeout);
   boost::system::error_code ec;
-  std::size_t n = co_await client_.async_read_some(in_.prepare(want), net::redirect_error(use_task, ec));
+  std::size_t n = co_await client_.async_read_some(sc_->in.prepare(want), net::redirect_error(use_task, ec));
   disarm();
-  in_.commit(n);
+  sc_->in.commit(n);
   if (timed_out_) ec = net::error::timed_out;
   co_return ec;
 }
@@ -613,11 +628,11 @@ task<bool> Session::reply(const Problem& p, bool keep_alive, int version, const 
 
 // Reads and drops the next n body bytes. Returns false if they did not arrive.
 task<bool> Session::discard(std::uint64_t n) {
-  while (in_.size() < n) {
-    auto ec = co_await read_client(static_cast<std::size_t>(n - in_.size()), cfg().body_timeout);
+  while (sc_->in.size() < n) {
+    auto ec = co_await read_client(static_cast<std::size_t>(n - sc_->in.size()), cfg().body_timeout);
     if (ec) co_return false;
   }
-  in_.consume(static_cast<std::size_t>(n));
+  sc_->in.consume(static_cast<std::size_t>(n));
   co_return true;
 }
 
@@ -632,7 +647,7 @@ enum class TokenState { ok, missing, malformed };
 
 task<bool> Session::handle(std::size_t head_len) {
   const auto& cfg = this->cfg();
-  const RequestHead& head = head_;  // scanned by run()
+  const RequestHead& head = sc_->head;  // scanned by run()
   const int version = head.version;
   Framing fr = check_framing(head);
   if (!fr.ok) co_return co_await reply(Problem{400, "bad-framing", "Bad request", fr.reason}, false, version, kNoMarks);
@@ -659,7 +674,7 @@ task<bool> Session::handle(std::size_t head_len) {
     const bool can_skip = client_keep_alive &&
         (!has_body || (!fr.chunked && !expect_continue && *fr.content_length <= kDiscardLimit));
     if (!co_await reply(p, can_skip, version, m)) co_return false;
-    in_.consume(head_len);
+    sc_->in.consume(head_len);
     if (has_body) co_return co_await discard(*fr.content_length);
     co_return true;
   };
@@ -1011,11 +1026,11 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   // Forwarded get the client appended, framing is restated from what was validated.
   {
     std::string xff, fwd;
-    out_.clear();
-    out_ += head.method;
-    out_ += ' ';
-    out_ += head.target;
-    out_ += " HTTP/1.1\r\n";
+    sc_->out.clear();
+    sc_->out += head.method;
+    sc_->out += ' ';
+    sc_->out += head.target;
+    sc_->out += " HTTP/1.1\r\n";
     for (const auto& f : head.fields) {
       const std::string_view n = f.name;
       if (is_hop_by_hop(n) || named_by_connection(head, n) || iequals(n, "Expect") || iequals(n, "Content-Length") ||
@@ -1027,16 +1042,16 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
         acc += f.value;
         continue;
       }
-      append_field(out_, n, f.value);
+      append_field(sc_->out, n, f.value);
     }
-    append_field(out_, "X-Forwarded-For", xff.empty() ? client_ip_ : xff + ", " + client_ip_);
+    append_field(sc_->out, "X-Forwarded-For", xff.empty() ? client_ip_ : xff + ", " + client_ip_);
     std::string me = client_v6_ ? "for=\"[" + client_ip_ + "]\"" : "for=" + client_ip_;
-    append_field(out_, "Forwarded", fwd.empty() ? me : fwd + ", " + me);
-    if (fr.chunked) out_ += "Transfer-Encoding: chunked\r\n";
-    else if (fr.content_length) append_field(out_, "Content-Length", std::to_string(*fr.content_length));
-    out_ += "\r\n";
+    append_field(sc_->out, "Forwarded", fwd.empty() ? me : fwd + ", " + me);
+    if (fr.chunked) sc_->out += "Transfer-Encoding: chunked\r\n";
+    else if (fr.content_length) append_field(sc_->out, "Content-Length", std::to_string(*fr.content_length));
+    sc_->out += "\r\n";
   }
-  in_.consume(head_len);  // `head` is not used past this point
+  sc_->in.consume(head_len);  // `head` is not used past this point
 
   // Upstream connection.
   std::unique_ptr<UpConn> conn = co_await take_upstream(route, ex, ec);
@@ -1053,26 +1068,26 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   }
 
   // Request: the head with the first body bytes in one write, then the rest as it arrives.
-  auto& gather = gather_;
-  auto& frame = frame_;
+  auto& gather = sc_->gather;
+  auto& frame = sc_->frame;
   if (!fr.chunked) {
     std::uint64_t left = fr.content_length.value_or(0);
-    std::size_t pre = static_cast<std::size_t>(std::min<std::uint64_t>(left, in_.size()));
+    std::size_t pre = static_cast<std::size_t>(std::min<std::uint64_t>(left, sc_->in.size()));
     arm(cfg.upstream_timeout);
-    co_await net::async_write(up.sock, std::array<net::const_buffer, 2>{net::buffer(out_), net::buffer(in_.view().data(), pre)}, net::redirect_error(use_task, ec));
+    co_await net::async_write(up.sock, std::array<net::const_buffer, 2>{net::buffer(sc_->out), net::buffer(sc_->in.view().data(), pre)}, net::redirect_error(use_task, ec));
     ec = settle(ec);
     if (ec) co_return co_await upstream_failed(ec, "send");
-    in_.consume(pre);
+    sc_->in.consume(pre);
     left -= pre;
     while (left > 0) {
       ec = co_await read_client(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer)), cfg.body_timeout);
       if (ec) co_return co_await client_body_failed(nullptr, false);
-      std::size_t n = std::min<std::size_t>(in_.size(), static_cast<std::size_t>(left));
+      std::size_t n = std::min<std::size_t>(sc_->in.size(), static_cast<std::size_t>(left));
       arm(cfg.upstream_timeout);
-      co_await net::async_write(up.sock, net::buffer(in_.view().data(), n), net::redirect_error(use_task, ec));
+      co_await net::async_write(up.sock, net::buffer(sc_->in.view().data(), n), net::redirect_error(use_task, ec));
       ec = settle(ec);
       if (ec) co_return co_await upstream_failed(ec, "send");
-      in_.consume(n);
+      sc_->in.consume(n);
       left -= n;
     }
   } else {
@@ -1081,10 +1096,10 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     bool head_sent = false;
     for (;;) {
       gather.clear();
-      if (!head_sent) gather.push_back(net::buffer(out_));
+      if (!head_sent) gather.push_back(net::buffer(sc_->out));
       const std::size_t size_slot = gather.size();
       gather.emplace_back();
-      std::string_view avail = in_.view();
+      std::string_view avail = sc_->in.view();
       std::size_t used = 0, total = 0;
       while (used < avail.size() && !dec.done() && !dec.failed() && gather.size() < kMaxGather) {
         std::string_view d;
@@ -1109,9 +1124,9 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
         if (ec) co_return co_await upstream_failed(ec, "send");
         head_sent = true;
       }
-      in_.consume(used);
+      sc_->in.consume(used);
       if (dec.done()) break;
-      if (in_.empty()) {
+      if (sc_->in.empty()) {
         ec = co_await read_client(kRelayBuffer, cfg.body_timeout);
         if (ec) co_return co_await client_body_failed(nullptr, false);
       }
@@ -1119,7 +1134,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   }
 
   // Response head; interim 1xx responses are dropped.
-  ResponseHead& rh = resp_;
+  ResponseHead& rh = sc_->resp;
   std::size_t rh_len = 0;
   for (;;) {
     if (!up.buf.empty()) {
@@ -1162,7 +1177,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   enum class Body { none, length, chunked, until_close };
   Body body = Body::until_close;
   std::uint64_t body_len = 0;
-  std::string& te_value = te_value_;
+  std::string& te_value = sc_->te_value;
   te_value.clear();
   {
     std::string_view cl;
@@ -1218,25 +1233,25 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   {
     std::string_view view = up.buf.view();
     std::string_view status_line = view.substr(8, view.find("\r\n") - 8);  // " 200 OK"
-    out_.clear();
-    out_ += version == 10 ? "HTTP/1.0" : "HTTP/1.1";
-    out_ += status_line;
-    out_ += "\r\n";
+    sc_->out.clear();
+    sc_->out += version == 10 ? "HTTP/1.0" : "HTTP/1.1";
+    sc_->out += status_line;
+    sc_->out += "\r\n";
     for (const auto& f : rh.fields) {
       const std::string_view n = f.name;
       if (is_hop_by_hop(n) || named_by_connection(rh, n) || iequals(n, "Transfer-Encoding")) continue;
       if (iequals(n, "Content-Length") && body != Body::none) continue;
       if ((marks.generation && iequals(n, "Fencing-Generation")) || (!marks.observe.empty() && iequals(n, "Fencing-Observe")))
         continue;
-      append_field(out_, n, f.value);
+      append_field(sc_->out, n, f.value);
     }
-    if (marks.generation) append_field(out_, "Fencing-Generation", std::to_string(*marks.generation));
-    if (!marks.observe.empty()) append_field(out_, "Fencing-Observe", marks.observe);
-    if (body == Body::length) append_field(out_, "Content-Length", std::to_string(body_len));
-    if (chunk_out) append_field(out_, "Transfer-Encoding", body == Body::chunked ? std::string_view(te_value) : "chunked");
-    if (!keep) out_ += "Connection: close\r\n";
-    else if (version == 10) out_ += "Connection: keep-alive\r\n";
-    out_ += "\r\n";
+    if (marks.generation) append_field(sc_->out, "Fencing-Generation", std::to_string(*marks.generation));
+    if (!marks.observe.empty()) append_field(sc_->out, "Fencing-Observe", marks.observe);
+    if (body == Body::length) append_field(sc_->out, "Content-Length", std::to_string(body_len));
+    if (chunk_out) append_field(sc_->out, "Transfer-Encoding", body == Body::chunked ? std::string_view(te_value) : "chunked");
+    if (!keep) sc_->out += "Connection: close\r\n";
+    else if (version == 10) sc_->out += "Connection: keep-alive\r\n";
+    sc_->out += "\r\n";
     up.buf.consume(rh_len);
   }
 
@@ -1251,7 +1266,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     case Body::none:
       exchange_over();
       arm(cfg.body_timeout);
-      co_await net::async_write(client_, net::buffer(out_), net::redirect_error(use_task, ec));
+      co_await net::async_write(client_, net::buffer(sc_->out), net::redirect_error(use_task, ec));
       if (settle(ec)) co_return false;
       break;
     case Body::length: {
@@ -1260,7 +1275,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
         std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, up.buf.size()));
         left -= n;
         if (left == 0) exchange_over();
-        std::array<net::const_buffer, 2> b{net::buffer(out_.data(), head_sent ? 0 : out_.size()),
+        std::array<net::const_buffer, 2> b{net::buffer(sc_->out.data(), head_sent ? 0 : sc_->out.size()),
                                            net::buffer(up.buf.view().data(), n)};
         if (!head_sent || n) {
           arm(cfg.body_timeout);
@@ -1286,7 +1301,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       bool eof = false;
       for (;;) {
         gather.clear();
-        if (!head_sent) gather.push_back(net::buffer(out_));
+        if (!head_sent) gather.push_back(net::buffer(sc_->out));
         const std::size_t size_slot = gather.size();
         gather.emplace_back();
         std::string_view avail = up.buf.view();

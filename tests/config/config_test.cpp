@@ -79,7 +79,10 @@ TEST_CASE("is_fenced: write methods by default, everything with fence_reads") {
   CHECK(r.is_fenced("POST"));
   CHECK(r.is_fenced("DELETE"));
   CHECK_FALSE(r.is_fenced("GET"));
-  CHECK_FALSE(r.is_fenced("post"));  // case-sensitive, as on the wire
+  // Any case: an upstream that compares methods without case would apply "post" as a write.
+  CHECK(r.is_fenced("post"));
+  CHECK(r.is_fenced("Delete"));
+  CHECK_FALSE(r.is_fenced("get"));
   r.write_methods = {"PUT"};
   CHECK_FALSE(r.is_fenced("POST"));
   r.fence_reads = true;
