@@ -3,6 +3,7 @@
 # each for a bounded time on a temporary copy of its seed corpus (tests/fuzz/corpus/<target>/).
 #   scripts/fuzz.sh [seconds-per-target]     default 60
 #   FUZZ_TARGETS="token head" scripts/fuzz.sh 10      a subset
+#   FUZZ_JOBS=1 scripts/fuzz.sh                       one target at a time (default: one per core)
 # A crash, sanitizer report, broken invariant, timeout or OOM fails the run (exit 1); the input is
 # saved as tests/fuzz/crashes/<target>/crash-<sha1> (or timeout-/oom-/leak-...). Reproduce with
 #   build-fuzz/tests/fuzz/<target>_fuzz tests/fuzz/crashes/<target>/<file>
@@ -14,7 +15,7 @@ seconds="${1:-60}"
 case "$seconds" in
   '' | *[!0-9]*) echo "usage: scripts/fuzz.sh [seconds-per-target]" >&2; exit 2 ;;
 esac
-targets=(${FUZZ_TARGETS:-token head router config time})
+targets=(${FUZZ_TARGETS:-token head body router config time})
 
 ./scripts/setup.sh
 
@@ -37,22 +38,36 @@ if [ -x /usr/lib/llvm-16/bin/llvm-symbolizer ]; then
 fi
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
 
+# Targets run FUZZ_JOBS at a time (default: one per core), each on its own copy of its corpus.
+jobs_max="${FUZZ_JOBS:-$(nproc)}"
+run_target() {
+  local t=$1 crashes="$root/tests/fuzz/crashes/$1"
+  mkdir -p "$crashes" "$work/$t"
+  cp -R "tests/fuzz/corpus/$t/." "$work/$t/"
+  local args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
+              -artifact_prefix="$crashes/")
+  [ -f "tests/fuzz/$t.dict" ] && args+=(-dict="tests/fuzz/$t.dict")
+  local rc=0
+  "build-fuzz/tests/fuzz/${t}_fuzz" "${args[@]}" "$work/$t" >"$work/$t.log" 2>&1 || rc=$?
+  echo "$rc" >"$work/$t.rc"
+}
+echo "== fuzz ${targets[*]}: ${seconds}s each, $jobs_max at a time"
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+  run_target "$t" &
+done
+wait
+
 failed=()
 for t in "${targets[@]}"; do
   bin="build-fuzz/tests/fuzz/${t}_fuzz"
-  crashes="$root/tests/fuzz/crashes/$t"
-  mkdir -p "$crashes" "$work/$t"
-  cp -R "tests/fuzz/corpus/$t/." "$work/$t/"
-  args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
-        -artifact_prefix="$crashes/")
-  [ -f "tests/fuzz/$t.dict" ] && args+=(-dict="tests/fuzz/$t.dict")
   log="$work/$t.log"
-  echo "== fuzz $t: ${seconds}s"
-  if "$bin" "${args[@]}" "$work/$t" >"$log" 2>&1; then
+  rc=$(cat "$work/$t.rc" 2>/dev/null || echo 1)
+  echo "== fuzz $t"
+  if [ "$rc" = 0 ]; then
     grep -E '^stat::number_of_executed_units|^stat::new_units_added' "$log" | sed 's/^/   /' || true
     grep -E '^#[0-9]+ +DONE' "$log" | tail -1 | sed 's/^/   /' || true
   else
-    rc=$?
     # From the first report line (broken invariant, sanitizer, uncaught exception) on.
     first=$(grep -n -m 1 -E '^==== fuzz invariant|ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|^terminate called' \
       "$log" | cut -d: -f1 || true)
