@@ -230,7 +230,12 @@ AuthorityCheck Authority::confirm(std::int64_t g) {
   AuthorityCheck c = check(g);
   if (c.verdict != AuthorityVerdict::not_leader && c.verdict != AuthorityVerdict::unknown_generation) return c;
   election::Client client(client_options_);  // the loop's client is the loop thread's
-  if (!resync(client)) return c;
+  if (!resync(client)) {
+    // Not confirmed either way: a retryable 503, never a refusal that may only be our lag.
+    c.verdict = AuthorityVerdict::unavailable;
+    c.why = "could not confirm generation " + std::to_string(g) + " with etcd (election " + cfg_.election + ")";
+    return c;
+  }
   return check(g);
 }
 

@@ -128,7 +128,8 @@ class Authority {
   // check(), but a refusal that the watch may simply not have caught up with yet (not_leader,
   // unknown_generation: a leader elected moments ago, or just after an etcd restart) is checked
   // against etcd first: one range read of the election, then check() again. Blocks for up to a
-  // request timeout; for the activation barrier, not for the data path.
+  // request timeout; for the activation barrier, not for the data path. If etcd cannot be asked,
+  // the verdict is `unavailable` (503: the barrier retries), not a refusal.
   AuthorityCheck confirm(std::int64_t g);
 
   const config::Authority& config() const { return cfg_; }

@@ -1044,10 +1044,10 @@ TEST_CASE("partition: seeded schedules of partitions, delays, held writes, etcd 
 // Reduced here to a deterministic handover: the proxy reaches etcd through a relay, which holds
 // its traffic for 1.2 s (less than the 2 s lease window, so the authority stays "available")
 // while the leader resigns and the waiting candidate is elected and POSTs its barrier.
-// Marked may_fail so CI stays green until the proxy is fixed (e.g. range etcd again before
-// refusing a generation above the view's leader, or answer 503 so that elect retries).
+// Fixed: the barrier now confirms a not-leader/unknown refusal with a range read of etcd
+// (Authority::confirm) before answering 409.
 TEST_CASE("partition regression: a barrier POST that overtakes the authority's view of etcd is refused (409 "
-          "not-leader) and the newly elected leader exits 76" * doctest::may_fail()) {
+          "not-leader) and the newly elected leader exits 76") {
   FG_REQUIRE_ETCD();
   EtcdServer etcd;
   FG_START_ETCD(etcd);
