@@ -1383,7 +1383,10 @@ task<void> accept_loop(ServerState& st, Acceptor& acceptor, std::vector<std::uni
     }
     st.connections.fetch_add(1, std::memory_order_relaxed);
     st.rt.metrics.open_connections.fetch_add(1, std::memory_order_relaxed);
-    Session::start(std::make_unique<Session>(st, w, std::move(sock)), false);
+    // The session is made on its worker's thread: it joins that worker's watchdog list.
+    net::post(w.ioc, [&st, &w, s = std::move(sock)]() mutable {
+      Session::start(std::make_unique<Session>(st, w, std::move(s)), false);
+    });
   }
 }
 

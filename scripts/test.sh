@@ -3,9 +3,9 @@
 # their own upstreams and proxies on 127.0.0.1 with ephemeral ports).
 #   scripts/test.sh              normal build in build/
 #   scripts/test.sh --sanitize   ASan+UBSan build in build-asan/
-#   scripts/test.sh --tsan       TSan build in build-tsan/
-#   scripts/test.sh --tsan-core  TSan build of the multi-threaded core only (fence, store, config
-#                                unit tests): quick enough for every CI run
+#   scripts/test.sh --tsan       TSan build in build-tsan/: the unit tests and the integration
+#                                tests (the real binary under TSan); CI runs this
+#   scripts/test.sh --tsan-all   TSan build of everything, every suite (election, fault too)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,11 +18,12 @@ targets=""
 tests=""
 case "${1:-}" in
   --sanitize) build=build-asan; type=Debug; sanitize="address,undefined" ;;
-  --tsan) build=build-tsan; type=Debug; sanitize="thread" ;;
-  --tsan-core) build=build-tsan; type=Debug; sanitize="thread"
-    targets="--target test_proxy test_fence_store test_config"; tests="-R ^(proxy|fence_store|config)$" ;;
+  --tsan) build=build-tsan; type=Debug; sanitize="thread"
+    targets="--target fencegate test_proxy test_fence_store test_config test_integration"
+    tests="-R ^(proxy|fence_store|config|integration)$" ;;
+  --tsan-all) build=build-tsan; type=Debug; sanitize="thread" ;;
   "") ;;
-  *) echo "usage: scripts/test.sh [--sanitize|--tsan|--tsan-core]" >&2; exit 2 ;;
+  *) echo "usage: scripts/test.sh [--sanitize|--tsan|--tsan-all]" >&2; exit 2 ;;
 esac
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="$type" -DFENCEGATE_SANITIZE="$sanitize" >/dev/null
