@@ -158,7 +158,7 @@ class Run {
         next_election = now + std::chrono::milliseconds(std::uniform_int_distribution<int>(80, 250)(rng));
       }
       if (next_fault < plan_.faults.size() && now >= t0_ + std::chrono::milliseconds(plan_.faults[next_fault].at_ms)) {
-        inject(plan_.faults[next_fault], totals, harness_error);
+        inject(plan_.faults[next_fault], harness_error);
         ++next_fault;
       }
       if (mode_.load() != UpMode::normal && now >= mode_until_.load()) set_mode(UpMode::normal, "upstream normal again");
@@ -300,8 +300,7 @@ class Run {
   }
 
   // ---- faults ----
-  void inject(const PlannedFault& f, Totals& totals, std::string* harness_error) {
-    (void)totals;
+  void inject(const PlannedFault& f, std::string* harness_error) {
     count_fault(f.kind);
     if (f.kind == "stop_proxy") {
       px_->process().kill(SIGSTOP);
