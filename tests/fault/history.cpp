@@ -1,8 +1,4 @@
 // History checker: see history.h for the properties and their exact meaning.
-//
-// NOTE: tests/CMakeLists.txt builds test_fault from tests/fault/*_test.cpp only, so this file is
-// compiled by including it from exactly one of those (history_build_test.cpp). Do not include it
-// anywhere else; include history.h.
 #include "tests/fault/history.h"
 
 #include <algorithm>
