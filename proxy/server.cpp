@@ -20,6 +20,7 @@
 #include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -147,7 +148,9 @@ struct Scratch {
 struct Worker {
   // Declared before ioc: sessions still suspended when ioc is destroyed unlink themselves.
   Session* sessions = nullptr;  // intrusive list, for the watchdog
-  net::io_context ioc{1};
+  // One thread runs it, and every socket operation of its sessions starts on that thread
+  // (sessions are made by a handler posted here; other threads only post): no per-socket locks.
+  net::io_context ioc{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
   // Guarded by running on ioc's single thread.
   std::unordered_map<std::string, std::vector<std::unique_ptr<UpConn>>> idle;
   Timer watchdog{ioc.get_executor()};
@@ -1360,33 +1363,53 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
 // ---------------------------------------------------------------------------------------------
 // Server.
 
+// Accepts on worker 0 and hands each new descriptor to the next worker, which wraps it in a
+// socket on its own thread: a socket is registered with, and only ever used from, the reactor of
+// the thread that runs it (the workers' io_contexts take no per-socket locks).
 task<void> accept_loop(ServerState& st, Acceptor& acceptor, std::vector<std::unique_ptr<Worker>>& workers) {
   std::size_t next = 0;
+  boost::system::error_code ec;
+  const tcp protocol = acceptor.local_endpoint(ec).protocol();
+  acceptor.non_blocking(true, ec);
   for (;;) {
-    Worker& w = *workers[next];
-    next = (next + 1) % workers.size();
-    boost::system::error_code ec;
-    Socket sock = co_await acceptor.async_accept(w.ioc, net::redirect_error(use_task, ec));
-    if (ec) {
-      if (ec == net::error::operation_aborted || !acceptor.is_open()) co_return;
-      if (ec == net::error::no_descriptors || ec == net::error::no_buffer_space) {
-        log::warn("accept failed; backing off", {log::kv("error", ec.message())});
+    co_await acceptor.async_wait(tcp::acceptor::wait_read, net::redirect_error(use_task, ec));
+    if (ec == net::error::operation_aborted || !acceptor.is_open()) co_return;
+    for (;;) {
+      const int fd = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        const int e = errno;
+        if (e == EAGAIN || e == EWOULDBLOCK) break;
+        if (e == ECONNABORTED || e == EINTR || e == EPROTO) continue;
+        log::warn("accept failed; backing off", {log::kv("error", std::strerror(e))});
         Timer t(acceptor.get_executor(), std::chrono::milliseconds(50));
         co_await t.async_wait(net::redirect_error(use_task, ec));
+        break;
       }
-      continue;
+      if (st.connections.load(std::memory_order_relaxed) >= st.rt.snapshot()->cfg->max_connections) {
+        // Over the limit: close at once so the client sees it; the sidecar stays up for the rest.
+        ::close(fd);
+        continue;
+      }
+      st.connections.fetch_add(1, std::memory_order_relaxed);
+      st.rt.metrics.open_connections.fetch_add(1, std::memory_order_relaxed);
+      Worker& w = *workers[next];
+      next = (next + 1) % workers.size();
+      net::post(w.ioc, [&st, &w, fd, protocol] {
+        boost::system::error_code aec;
+        Socket sock(w.ioc.get_executor());
+        sock.assign(protocol, fd, aec);
+        if (aec) {
+          ::close(fd);
+          st.connections.fetch_sub(1, std::memory_order_relaxed);
+          st.rt.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
+          return;
+        }
+        Session::start(std::make_unique<Session>(st, w, std::move(sock)), false);
+      });
+      // Let this worker's other handlers run between accepts: a burst of connects must not
+      // starve the sessions (nor keep a just-closed one counted against max_connections).
+      co_await net::post(acceptor.get_executor(), use_task);
     }
-    if (st.connections.load(std::memory_order_relaxed) >= st.rt.snapshot()->cfg->max_connections) {
-      // Over the limit: close at once so the client sees it; the sidecar stays up for the rest.
-      sock.close(ec);
-      continue;
-    }
-    st.connections.fetch_add(1, std::memory_order_relaxed);
-    st.rt.metrics.open_connections.fetch_add(1, std::memory_order_relaxed);
-    // The session is made on its worker's thread: it joins that worker's watchdog list.
-    net::post(w.ioc, [&st, &w, s = std::move(sock)]() mutable {
-      Session::start(std::make_unique<Session>(st, w, std::move(s)), false);
-    });
   }
 }
 
