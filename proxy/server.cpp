@@ -324,6 +324,44 @@ void append_field(std::string& out, std::string_view name, std::string_view valu
   out += "\r\n";
 }
 
+// A gather write of a relayed body: [the message head], a slot for a chunk-size line, then the
+// body's data runs. Returns the slot's index.
+std::size_t start_gather(std::vector<net::const_buffer>& gather, const std::string* head) {
+  gather.clear();
+  if (head) gather.push_back(net::buffer(*head));
+  gather.emplace_back();
+  return gather.size() - 1;
+}
+
+// Decodes chunks from `avail` and adds their data runs to the write (at most kMaxGather
+// buffers). Returns the bytes of `avail` consumed; adds the data bytes to *total.
+std::size_t decode_into(ChunkDecoder& dec, std::string_view avail, std::vector<net::const_buffer>& gather,
+                        std::size_t* total) {
+  std::size_t used = 0;
+  while (used < avail.size() && !dec.done() && !dec.failed() && gather.size() < kMaxGather) {
+    std::string_view d;
+    used += dec.feed(avail.substr(used), &d);
+    if (!d.empty()) {
+      gather.push_back(net::buffer(d.data(), d.size()));
+      *total += d.size();
+    }
+  }
+  return used;
+}
+
+// Frames the data runs after `size_slot` as one chunk of our own (none for no data) and, when
+// `last`, ends the body with the last chunk. `frame` holds the chunk-size line.
+void frame_chunk(std::vector<net::const_buffer>& gather, std::size_t size_slot, std::string& frame,
+                 std::size_t total, bool last) {
+  frame.clear();
+  if (total) {
+    append_chunk_header(frame, total);
+    gather[size_slot] = net::buffer(frame);
+    gather.push_back(net::buffer(kChunkEnd));
+  }
+  if (last) gather.push_back(net::buffer(kLastChunk));
+}
+
 void set_nodelay(Socket& s) {
   boost::system::error_code ec;
   s.set_option(tcp::no_delay(true), ec);
@@ -1098,28 +1136,11 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     ChunkDecoder dec(cfg.max_body_bytes);
     bool head_sent = false;
     for (;;) {
-      gather.clear();
-      if (!head_sent) gather.push_back(net::buffer(sc_->out));
-      const std::size_t size_slot = gather.size();
-      gather.emplace_back();
-      std::string_view avail = sc_->in.view();
-      std::size_t used = 0, total = 0;
-      while (used < avail.size() && !dec.done() && !dec.failed() && gather.size() < kMaxGather) {
-        std::string_view d;
-        used += dec.feed(avail.substr(used), &d);
-        if (!d.empty()) {
-          gather.push_back(net::buffer(d.data(), d.size()));
-          total += d.size();
-        }
-      }
+      const std::size_t size_slot = start_gather(gather, head_sent ? nullptr : &sc_->out);
+      std::size_t total = 0;
+      const std::size_t used = decode_into(dec, sc_->in.view(), gather, &total);
       if (dec.failed()) co_return co_await client_body_failed(dec.error(), dec.too_large());
-      frame.clear();
-      if (total) {
-        append_chunk_header(frame, total);
-        gather[size_slot] = net::buffer(frame);
-        gather.push_back(net::buffer(kChunkEnd));
-      }
-      if (dec.done()) gather.push_back(net::buffer(kLastChunk));
+      frame_chunk(gather, size_slot, frame, total, dec.done());
       if (!head_sent || total || dec.done()) {
         arm(cfg.upstream_timeout);
         co_await net::async_write(up.sock, gather, net::redirect_error(use_task, ec));
@@ -1303,35 +1324,19 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       ChunkDecoder dec;
       bool eof = false;
       for (;;) {
-        gather.clear();
-        if (!head_sent) gather.push_back(net::buffer(sc_->out));
-        const std::size_t size_slot = gather.size();
-        gather.emplace_back();
+        const std::size_t size_slot = start_gather(gather, head_sent ? nullptr : &sc_->out);
         std::string_view avail = up.buf.view();
         std::size_t used = 0, total = 0;
         if (body == Body::until_close) {
           if (!avail.empty()) gather.push_back(net::buffer(avail.data(), avail.size()));
           used = total = avail.size();
         } else {
-          while (used < avail.size() && !dec.done() && !dec.failed() && gather.size() < kMaxGather) {
-            std::string_view d;
-            used += dec.feed(avail.substr(used), &d);
-            if (!d.empty()) {
-              gather.push_back(net::buffer(d.data(), d.size()));
-              total += d.size();
-            }
-          }
+          used = decode_into(dec, avail, gather, &total);
           if (dec.failed()) co_return body_failed(std::string("bad chunked framing: ") + dec.error());
         }
         const bool done = body == Body::chunked ? dec.done() : eof;
         if (done) exchange_over();
-        frame.clear();
-        if (total && chunk_out) {
-          append_chunk_header(frame, total);
-          gather[size_slot] = net::buffer(frame);
-          gather.push_back(net::buffer(kChunkEnd));
-        }
-        if (done && chunk_out) gather.push_back(net::buffer(kLastChunk));
+        if (chunk_out) frame_chunk(gather, size_slot, frame, total, done);  // else the runs go raw
         if (!head_sent || total || (done && chunk_out)) {
           arm(cfg.body_timeout);
           co_await net::async_write(client_, gather, net::redirect_error(use_task, ec));

@@ -95,6 +95,12 @@ class RawUpstream {
   std::thread thread_;
 };
 
+ProxySpec spec_for(const std::string& upstream) {
+  ProxySpec s;
+  s.upstream = upstream;
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("response framing: chunked with extensions and trailers reaches a 1.1 client as its body") {
@@ -102,7 +108,7 @@ TEST_CASE("response framing: chunked with extensions and trailers reaches a 1.1 
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Up: 1\r\n\r\n"
                                "5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"};
   });
-  Proxy px(ProxySpec{up.url()});
+  Proxy px(spec_for(up.url()));
   FG_LOG_ON_FAILURE(px);
   FG_START(px);
   HttpClient c;
@@ -125,7 +131,7 @@ TEST_CASE("response framing: a close-delimited body is chunked for 1.1 clients a
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n" + std::string(40000, 'z'),
                                true};
   });
-  Proxy px(ProxySpec{up.url()});
+  Proxy px(spec_for(up.url()));
   FG_LOG_ON_FAILURE(px);
   FG_START(px);
   HttpClient c;
@@ -150,7 +156,7 @@ TEST_CASE("response framing: a chunked body reaches a 1.0 client decoded, then t
   RawUpstream up([](int, const std::string&) {
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"};
   });
-  Proxy px(ProxySpec{up.url()});
+  Proxy px(spec_for(up.url()));
   FG_LOG_ON_FAILURE(px);
   FG_START(px);
   HttpClient c;
@@ -171,7 +177,7 @@ TEST_CASE("response framing: interim 100 responses are dropped, HEAD and 204/304
     return RawUpstream::Answer{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 102 Processing\r\n\r\n"
                                "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok"};
   });
-  Proxy px(ProxySpec{up.url()});
+  Proxy px(spec_for(up.url()));
   FG_LOG_ON_FAILURE(px);
   FG_START(px);
   HttpClient c;
@@ -200,7 +206,7 @@ TEST_CASE("response framing: the proxy's own fence headers replace an upstream's
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: s\r\nKeep-Alive: timeout=5\r\n"
                                "Fencing-Generation: 999\r\nContent-Length: 2\r\n\r\nok"};
   });
-  Proxy px(ProxySpec{up.url()});
+  Proxy px(spec_for(up.url()));
   FG_LOG_ON_FAILURE(px);
   FG_START(px);
   auto r = request(px.port(), "POST", "/w", token(7), "x");
@@ -229,7 +235,7 @@ TEST_CASE("response framing: malformed or conflicting upstream framing is a 502,
   for (const auto& k : cases) {
     CAPTURE(k.name);
     RawUpstream up([&](int, const std::string&) { return RawUpstream::Answer{k.bytes, true}; });
-    Proxy px(ProxySpec{up.url()});
+    Proxy px(spec_for(up.url()));
     FG_LOG_ON_FAILURE(px);
     FG_START(px);
     auto r = request(px.port(), "POST", "/w", token(1), "x");
@@ -239,7 +245,7 @@ TEST_CASE("response framing: malformed or conflicting upstream framing is a 502,
   RawUpstream up([](int, const std::string&) {
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\nok"};
   });
-  Proxy px(ProxySpec{up.url()});
+  Proxy px(spec_for(up.url()));
   FG_START(px);
   auto r = request(px.port(), "GET", "/x");
   REQUIRE(r.ok());
@@ -251,7 +257,7 @@ TEST_CASE("response framing: a broken chunked body cuts the client connection, n
   RawUpstream up([](int, const std::string&) {
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n", true};
   });
-  Proxy px(ProxySpec{up.url()});
+  Proxy px(spec_for(up.url()));
   FG_LOG_ON_FAILURE(px);
   FG_START(px);
   auto r = request(px.port(), "GET", "/x");
@@ -263,7 +269,7 @@ TEST_CASE("response framing: large bodies stream through in both directions") {
   RawUpstream up([&](int, const std::string&) {
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(big.size()) + "\r\n\r\n" + big};
   });
-  Proxy px(ProxySpec{up.url()});
+  Proxy px(spec_for(up.url()));
   FG_LOG_ON_FAILURE(px);
   FG_START(px);
   HttpClient c;
