@@ -134,6 +134,26 @@ struct UpConn {
 
 class Session;
 
+struct Problem {
+  Problem(unsigned s, std::string ty, std::string ti, std::string d, std::string res = {},
+          std::optional<std::int64_t> pres = std::nullopt, std::optional<std::int64_t> cur = std::nullopt)
+      : status(s),
+        type(std::move(ty)),
+        title(std::move(ti)),
+        detail(std::move(d)),
+        resource(std::move(res)),
+        presented(pres),
+        current(cur) {}
+  unsigned status = 400;
+  std::string type;  // short slug, e.g. "stale-generation"
+  std::string title;
+  std::string detail;
+  // Fence context (emitted when resource is set).
+  std::string resource;
+  std::optional<std::int64_t> presented;
+  std::optional<std::int64_t> current;
+};
+
 // What a connection needs only while it is not parked: buffers and the parsed heads. Leased
 // from the worker's pool, so a parked connection holds none of it.
 struct Scratch {
@@ -143,6 +163,10 @@ struct Scratch {
   ResponseHead resp;
   std::vector<net::const_buffer> gather;
   std::string frame, te_value;
+  // Built here, not as temporaries inside a co_await expression: those would each take a slot
+  // in the request coroutine's frame (GCC keeps them across the suspension).
+  Problem problem{0, {}, {}, {}};
+  store::AuditRow row;
 };
 
 struct Worker {
@@ -227,21 +251,6 @@ const char* reason_of(unsigned status) {
     default: return "Error";
   }
 }
-
-struct Problem {
-  Problem(unsigned s, std::string ty, std::string ti, std::string d, std::string res = {},
-          std::optional<std::int64_t> pres = std::nullopt, std::optional<std::int64_t> cur = std::nullopt)
-      : status(s), type(std::move(ty)), title(std::move(ti)), detail(std::move(d)), resource(std::move(res)),
-        presented(pres), current(cur) {}
-  unsigned status = 400;
-  std::string type;   // short slug, e.g. "stale-generation"
-  std::string title;
-  std::string detail;
-  // Fence context (emitted when resource is set).
-  std::string resource;
-  std::optional<std::int64_t> presented;
-  std::optional<std::int64_t> current;
-};
 
 std::string problem_body(const Problem& p) {
   std::string b = "{\"type\":" + log::json_quote("urn:fencegate:problem:" + p.type) +
@@ -463,7 +472,7 @@ class Session {
   void request_failed(const std::exception& e);
   task<bool> handle(std::size_t head_len);
   task<bool> reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks);
-  task<store::Status> audit_sync(store::AuditRow row);
+  task<store::Status> audit_sync(store::AuditRow& row);  // moves from row
   task<bool> discard(std::uint64_t n);
   task<bool> forward(const RequestHead& head, const Framing& fr, std::size_t head_len, const config::Route& route,
                      const std::string& resource, bool client_keep_alive, bool expect_continue,
@@ -677,7 +686,7 @@ task<bool> Session::discard(std::uint64_t n) {
   co_return true;
 }
 
-task<store::Status> Session::audit_sync(store::AuditRow row) {
+task<store::Status> Session::audit_sync(store::AuditRow& row) {
   auto slot = std::make_shared<Slot<store::Status>>(w_.ioc);
   net::io_context& ioc = w_.ioc;
   rt_.store.append_audit(std::move(row), [slot, &ioc](store::Status st) { Slot<store::Status>::fulfil(slot, ioc, std::move(st)); });
@@ -691,7 +700,10 @@ task<bool> Session::handle(std::size_t head_len) {
   const RequestHead& head = sc_->head;  // scanned by run()
   const int version = head.version;
   Framing fr = check_framing(head);
-  if (!fr.ok) co_return co_await reply(Problem{400, "bad-framing", "Bad request", fr.reason}, false, version, kNoMarks);
+  if (!fr.ok) {
+    sc_->problem = Problem{400, "bad-framing", "Bad request", fr.reason};
+    co_return co_await reply(sc_->problem, false, version, kNoMarks);
+  }
   const bool has_body = fr.chunked || (fr.content_length && *fr.content_length > 0);
 
   // Client keep-alive intent (before we touch the header).
@@ -711,7 +723,7 @@ task<bool> Session::handle(std::size_t head_len) {
   // A request refused before its body was read keeps the connection only if its body is small
   // and Content-Length framed: the body is then read and discarded. Otherwise the connection
   // closes after the reply.
-  auto refuse = [&](Problem p, const FenceMarks& m = kNoMarks) -> task<bool> {
+  auto refuse = [&](const Problem& p, const FenceMarks& m = kNoMarks) -> task<bool> {
     const bool can_skip = client_keep_alive &&
         (!has_body || (!fr.chunked && !expect_continue && *fr.content_length <= kDiscardLimit));
     if (!co_await reply(p, can_skip, version, m)) co_return false;
@@ -720,10 +732,11 @@ task<bool> Session::handle(std::size_t head_len) {
     co_return true;
   };
 
-  if (head.method == "CONNECT" || head.count("Upgrade"))
-    co_return co_await reply(Problem{501, "not-implemented", "Not implemented",
-                                     "CONNECT and protocol upgrades are not supported"},
-                             false, version, kNoMarks);
+  if (head.method == "CONNECT" || head.count("Upgrade")) {
+    sc_->problem =
+        Problem{501, "not-implemented", "Not implemented", "CONNECT and protocol upgrades are not supported"};
+    co_return co_await reply(sc_->problem, false, version, kNoMarks);
+  }
   // Connection may not name end-to-end fields we rely on: stripping them would change framing
   // or drop the token on its way upstream.
   {
@@ -736,31 +749,38 @@ task<bool> Session::handle(std::size_t head_len) {
           bad_conn = true;
       });
     }
-    if (bad_conn)
-      co_return co_await reply(Problem{400, "bad-connection-header", "Bad request",
-                                       "the Connection header names an end-to-end field"},
-                               false, version, kNoMarks);
+    if (bad_conn) {
+      sc_->problem =
+          Problem{400, "bad-connection-header", "Bad request", "the Connection header names an end-to-end field"};
+      co_return co_await reply(sc_->problem, false, version, kNoMarks);
+    }
   }
   {
     std::string_view ev;
     std::size_t ne = head.count("Expect", &ev);
-    if (ne > 1 || (ne == 1 && !iequals(ev, "100-continue")))
-      co_return co_await reply(Problem{417, "expectation-failed", "Expectation failed",
-                                       "only \"Expect: 100-continue\" is supported"},
-                               false, version, kNoMarks);
+    if (ne > 1 || (ne == 1 && !iequals(ev, "100-continue"))) {
+      sc_->problem =
+          Problem{417, "expectation-failed", "Expectation failed", "only \"Expect: 100-continue\" is supported"};
+      co_return co_await reply(sc_->problem, false, version, kNoMarks);
+    }
     expect_continue = ne == 1 && version == 11;
   }
-  if (fr.content_length && *fr.content_length > cfg.max_body_bytes)
-    co_return co_await reply(Problem{413, "body-too-large", "Content too large",
-                                     "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"},
-                             false, version, kNoMarks);
+  if (fr.content_length && *fr.content_length > cfg.max_body_bytes) {
+    sc_->problem = Problem{413, "body-too-large", "Content too large",
+                           "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"};
+    co_return co_await reply(sc_->problem, false, version, kNoMarks);
+  }
 
   // Route: the resource comes from the route and the path, never from a header.
   config::Router::Match m = snap_->router.match(head.target);
-  if (m.outcome == config::Router::Outcome::bad_target)
-    co_return co_await reply(Problem{400, "bad-target", "Bad request", m.reason}, false, version, kNoMarks);
-  if (m.outcome == config::Router::Outcome::no_route)
-    co_return co_await refuse(Problem{404, "no-route", "Not found", "no route matches this path"});
+  if (m.outcome == config::Router::Outcome::bad_target) {
+    sc_->problem = Problem{400, "bad-target", "Bad request", m.reason};
+    co_return co_await reply(sc_->problem, false, version, kNoMarks);
+  }
+  if (m.outcome == config::Router::Outcome::no_route) {
+    sc_->problem = Problem{404, "no-route", "Not found", "no route matches this path"};
+    co_return co_await refuse(sc_->problem);
+  }
   const config::Route& route = *m.route;
 
 
@@ -836,20 +856,35 @@ task<bool> Session::handle(std::size_t head_len) {
       marks.generation = cur;
       const char* kind = ts == TokenState::missing ? "missing" : "malformed";
       if (enforce) {
-        store::Status st = co_await audit_sync(audit_row(std::string("rejected_") + kind, cur));
+        sc_->row = audit_row(std::string("rejected_") + kind, cur);
+        store::Status st = co_await audit_sync(sc_->row);
         note(st.ok() ? (ts == TokenState::missing ? Outcome::rejected_missing : Outcome::rejected_malformed)
                      : Outcome::store_error,
              cur);
-        if (!st.ok())
-          co_return co_await refuse(Problem{503, "store-unavailable", "Fence store unavailable",
-                                            "the audit row could not be made durable: " + st.message(),
-                                            m.resource, std::nullopt, cur}, marks);
-        if (ts == TokenState::missing)
-          co_return co_await refuse(Problem{428, "token-required", "Fencing token required",
-                                            "writes to this resource need a " + cfg.token_header + " header",
-                                            m.resource, std::nullopt, cur}, marks);
-        co_return co_await refuse(Problem{400, "malformed-token", "Malformed fencing token", why, m.resource,
-                                          std::nullopt, cur}, marks);
+        if (!st.ok()) {
+          sc_->problem = Problem{503,
+                                 "store-unavailable",
+                                 "Fence store unavailable",
+                                 "the audit row could not be made durable: " + st.message(),
+                                 m.resource,
+                                 std::nullopt,
+                                 cur};
+          co_return co_await refuse(sc_->problem, marks);
+        }
+        if (ts == TokenState::missing) {
+          sc_->problem = Problem{428,
+                                 "token-required",
+                                 "Fencing token required",
+                                 "writes to this resource need a " + cfg.token_header + " header",
+                                 m.resource,
+                                 std::nullopt,
+                                 cur};
+          co_return co_await refuse(sc_->problem, marks);
+        }
+        {
+          sc_->problem = Problem{400, "malformed-token", "Malformed fencing token", why, m.resource, std::nullopt, cur};
+          co_return co_await refuse(sc_->problem, marks);
+        }
       }
       rt_.store.append_audit(audit_row(std::string("would_reject_") + kind, cur), nullptr);
       note(ts == TokenState::missing ? Outcome::would_reject_missing : Outcome::would_reject_malformed, cur);
@@ -865,9 +900,16 @@ task<bool> Session::handle(std::size_t head_len) {
                   {log::kv("decision", "authority_unavailable"), log::kv("resource", m.resource),
                    log::kv("presented_generation", g), log::kv("election", election), log::kv("why", ac->why),
                    log::kv("leader", leader), log::kv("client", client_ip_)});
-        co_return co_await refuse(Problem{503, "authority-unavailable", "Election authority unavailable",
-                                          ac->why + "; nothing was forwarded", m.resource, g, cur},
-                                  marks);
+        {
+          sc_->problem = Problem{503,
+                                 "authority-unavailable",
+                                 "Election authority unavailable",
+                                 ac->why + "; nothing was forwarded",
+                                 m.resource,
+                                 g,
+                                 cur};
+          co_return co_await refuse(sc_->problem, marks);
+        }
       }
       const std::string gs = std::to_string(g), ls = std::to_string(ac->leader);
       std::string suffix, type, title, detail;
@@ -895,13 +937,23 @@ task<bool> Session::handle(std::size_t head_len) {
       }
       if (enforce) {
         marks.generation = newest;
-        store::Status st = co_await audit_sync(audit_row("rejected_" + suffix, newest));
+        sc_->row = audit_row("rejected_" + suffix, newest);
+        store::Status st = co_await audit_sync(sc_->row);
         note(st.ok() ? rejected : Outcome::store_error, newest);
-        if (!st.ok())
-          co_return co_await refuse(Problem{503, "store-unavailable", "Fence store unavailable",
-                                            "the audit row could not be made durable: " + st.message(),
-                                            m.resource, g, newest}, marks);
-        co_return co_await refuse(Problem{409, type, title, detail, m.resource, g, newest}, marks);
+        if (!st.ok()) {
+          sc_->problem = Problem{503,
+                                 "store-unavailable",
+                                 "Fence store unavailable",
+                                 "the audit row could not be made durable: " + st.message(),
+                                 m.resource,
+                                 g,
+                                 newest};
+          co_return co_await refuse(sc_->problem, marks);
+        }
+        {
+          sc_->problem = Problem{409, type, title, detail, m.resource, g, newest};
+          co_return co_await refuse(sc_->problem, marks);
+        }
       }
       // Observe: forwarded, but the fence is never advanced to a generation etcd says does not lead.
       marks.generation = cur;
@@ -946,29 +998,55 @@ task<bool> Session::handle(std::size_t head_len) {
           // The rejection names the generation that superseded it, in the header as in the body
           // (it may still be committing; the write is refused either way).
           marks.generation = d.newest;
-          store::Status st = co_await audit_sync(audit_row("rejected_stale", d.newest));
+          sc_->row = audit_row("rejected_stale", d.newest);
+          store::Status st = co_await audit_sync(sc_->row);
           note(st.ok() ? Outcome::rejected_stale : Outcome::store_error, d.newest);
-          if (!st.ok())
-            co_return co_await refuse(Problem{503, "store-unavailable", "Fence store unavailable",
-                                              "the audit row could not be made durable: " + st.message(),
-                                              m.resource, g, d.newest}, marks);
-          co_return co_await refuse(Problem{409, "stale-generation", "Stale fencing token",
-                                            "generation " + std::to_string(g) + " is older than generation " +
-                                                std::to_string(d.newest) + " of resource " + m.resource,
-                                            m.resource, g, d.newest}, marks);
+          if (!st.ok()) {
+            sc_->problem = Problem{503,
+                                   "store-unavailable",
+                                   "Fence store unavailable",
+                                   "the audit row could not be made durable: " + st.message(),
+                                   m.resource,
+                                   g,
+                                   d.newest};
+            co_return co_await refuse(sc_->problem, marks);
+          }
+          {
+            sc_->problem = Problem{409,
+                                   "stale-generation",
+                                   "Stale fencing token",
+                                   "generation " + std::to_string(g) + " is older than generation " +
+                                       std::to_string(d.newest) + " of resource " + m.resource,
+                                   m.resource,
+                                   g,
+                                   d.newest};
+            co_return co_await refuse(sc_->problem, marks);
+          }
         }
         case Verdict::store_error:
           note(Outcome::store_error, d.current);
-          if (enforce)
-            co_return co_await refuse(Problem{503, "store-unavailable", "Fence store unavailable",
-                                              "the new generation could not be made durable; nothing was forwarded",
-                                              m.resource, g, d.current}, marks);
+          if (enforce) {
+            sc_->problem = Problem{503,
+                                   "store-unavailable",
+                                   "Fence store unavailable",
+                                   "the new generation could not be made durable; nothing was forwarded",
+                                   m.resource,
+                                   g,
+                                   d.current};
+            co_return co_await refuse(sc_->problem, marks);
+          }
           log::warn("observe mode: could not store generation", {log::kv("resource", m.resource)});
           break;
-        case Verdict::overloaded:
-          co_return co_await refuse(Problem{503, "too-many-resources", "Too many resources",
-                                            "the fence holds its maximum number of resources", m.resource, g,
-                                            std::nullopt}, marks);
+        case Verdict::overloaded: {
+          sc_->problem = Problem{503,
+                                 "too-many-resources",
+                                 "Too many resources",
+                                 "the fence holds its maximum number of resources",
+                                 m.resource,
+                                 g,
+                                 std::nullopt};
+          co_return co_await refuse(sc_->problem, marks);
+        }
       }
     }
   }
@@ -1040,27 +1118,33 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     if (ex->aborted || timeout) {
       std::string detail = ex->aborted ? "a newer generation's drain timed out; this exchange was aborted"
                                        : std::string("the upstream did not answer in time (") + stage + ")";
-      co_return co_await reply(Problem{504, "upstream-timeout", "Gateway timeout", detail}, false, version, marks);
+      {
+        sc_->problem = Problem{504, "upstream-timeout", "Gateway timeout", detail};
+        co_return co_await reply(sc_->problem, false, version, marks);
+      }
     }
-    co_return co_await reply(Problem{502, "upstream-error", "Bad gateway",
-                                     std::string("upstream ") + route.upstream + ": " + stage + ": " + e.message()},
-                             false, version, marks);
+    {
+      sc_->problem = Problem{502, "upstream-error", "Bad gateway",
+                             std::string("upstream ") + route.upstream + ": " + stage + ": " + e.message()};
+      co_return co_await reply(sc_->problem, false, version, marks);
+    }
   };
   // The client's body stopped or broke: the upstream has an incomplete request, and its
   // connection is closed with the exchange.
   auto client_body_failed = [&](const char* why, bool too_large) -> task<bool> {
     waiting_up_ = nullptr;
     ex->release();
-    if (too_large)
-      co_await reply(Problem{413, "body-too-large", "Content too large",
-                             "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"},
-                     false, version, marks);
-    else if (timed_out_)
-      co_await reply(Problem{408, "request-timeout", "Request timeout", "the request body stalled"}, false, version,
-                     marks);
-    else if (why)
-      co_await reply(Problem{400, "bad-body", "Bad request", std::string("malformed request body: ") + why}, false,
-                     version, marks);
+    if (too_large) {
+      sc_->problem = Problem{413, "body-too-large", "Content too large",
+                             "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"};
+      co_await reply(sc_->problem, false, version, marks);
+    } else if (timed_out_) {
+      sc_->problem = Problem{408, "request-timeout", "Request timeout", "the request body stalled"};
+      co_await reply(sc_->problem, false, version, marks);
+    } else if (why) {
+      sc_->problem = Problem{400, "bad-body", "Bad request", std::string("malformed request body: ") + why};
+      co_await reply(sc_->problem, false, version, marks);
+    }
     co_return false;
   };
   // The upstream request head: hop-by-hop fields go (RFC 9110 7.6.1), X-Forwarded-For and
@@ -1177,9 +1261,11 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
         count(resource, Outcome::upstream_error);
         std::string why = s.status == HeadStatus::bad ? s.reason : "response head too large";
         log::warn("upstream sent a bad response", {log::kv("upstream", route.upstream), log::kv("error", why)});
-        co_return co_await reply(Problem{502, "upstream-error", "Bad gateway",
-                                         "upstream " + route.upstream + ": malformed response: " + why},
-                                 false, version, marks);
+        {
+          sc_->problem = Problem{502, "upstream-error", "Bad gateway",
+                                 "upstream " + route.upstream + ": malformed response: " + why};
+          co_return co_await reply(sc_->problem, false, version, marks);
+        }
       }
     }
     {
@@ -1193,8 +1279,10 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   if (rh.status == 101) {
     waiting_up_ = nullptr;
     ex->release();
-    co_return co_await reply(Problem{502, "upstream-error", "Bad gateway", "the upstream switched protocols"}, false,
-                             version, marks);
+    {
+      sc_->problem = Problem{502, "upstream-error", "Bad gateway", "the upstream switched protocols"};
+      co_return co_await reply(sc_->problem, false, version, marks);
+    }
   }
 
   // Response framing (RFC 9112 6.3).
@@ -1234,9 +1322,11 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       waiting_up_ = nullptr;
       ex->release();
       count(resource, Outcome::upstream_error);
-      co_return co_await reply(Problem{502, "upstream-error", "Bad gateway",
-                                       "upstream " + route.upstream + ": invalid or conflicting Content-Length"},
-                               false, version, marks);
+      {
+        sc_->problem = Problem{502, "upstream-error", "Bad gateway",
+                               "upstream " + route.upstream + ": invalid or conflicting Content-Length"};
+        co_return co_await reply(sc_->problem, false, version, marks);
+      }
     } else if (ncl) body = Body::length;
   }
   bool up_reusable = rh.version == 11;
