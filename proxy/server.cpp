@@ -1566,6 +1566,9 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
 
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < std::max(1, cfg->threads); ++i) workers.push_back(std::make_unique<Worker>());
+  // SIGINT/SIGTERM are taken over before the port opens: one that arrives as soon as a client
+  // can connect is queued for the graceful stop below, not the default instant death.
+  net::signal_set signals(workers[0]->ioc, SIGINT, SIGTERM);
 
   Acceptor acceptor(workers[0]->ioc.get_executor());
   {
@@ -1605,7 +1608,6 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
 
   // SIGINT/SIGTERM: readiness turns 503, stop accepting, let requests in flight finish (bounded),
   // then stop. (SIGHUP, a reload, is handled by the admin server's thread.)
-  net::signal_set signals(workers[0]->ioc, SIGINT, SIGTERM);
   net::steady_timer grace(workers[0]->ioc);
   std::chrono::steady_clock::time_point deadline;
   std::function<void()> poll_stop = [&] {
