@@ -252,6 +252,14 @@ const char* reason_of(unsigned status) {
   }
 }
 
+// An enforce-mode rejection is only answered once its audit row is durable; when the store
+// could not make it so, the request fails closed with this 503.
+Problem audit_not_durable(const store::Status& st, const std::string& resource, std::optional<std::int64_t> presented,
+                          std::int64_t current) {
+  return Problem{503, "store-unavailable", "Fence store unavailable",
+                 "the audit row could not be made durable: " + st.message(), resource, presented, current};
+}
+
 std::string problem_body(const Problem& p) {
   std::string b = "{\"type\":" + log::json_quote("urn:fencegate:problem:" + p.type) +
                   ",\"title\":" + log::json_quote(p.title) + ",\"status\":" + std::to_string(p.status) +
@@ -862,13 +870,7 @@ task<bool> Session::handle(std::size_t head_len) {
                      : Outcome::store_error,
              cur);
         if (!st.ok()) {
-          sc_->problem = Problem{503,
-                                 "store-unavailable",
-                                 "Fence store unavailable",
-                                 "the audit row could not be made durable: " + st.message(),
-                                 m.resource,
-                                 std::nullopt,
-                                 cur};
+          sc_->problem = audit_not_durable(st, m.resource, std::nullopt, cur);
           co_return co_await refuse(sc_->problem, marks);
         }
         if (ts == TokenState::missing) {
@@ -941,13 +943,7 @@ task<bool> Session::handle(std::size_t head_len) {
         store::Status st = co_await audit_sync(sc_->row);
         note(st.ok() ? rejected : Outcome::store_error, newest);
         if (!st.ok()) {
-          sc_->problem = Problem{503,
-                                 "store-unavailable",
-                                 "Fence store unavailable",
-                                 "the audit row could not be made durable: " + st.message(),
-                                 m.resource,
-                                 g,
-                                 newest};
+          sc_->problem = audit_not_durable(st, m.resource, g, newest);
           co_return co_await refuse(sc_->problem, marks);
         }
         {
@@ -1002,13 +998,7 @@ task<bool> Session::handle(std::size_t head_len) {
           store::Status st = co_await audit_sync(sc_->row);
           note(st.ok() ? Outcome::rejected_stale : Outcome::store_error, d.newest);
           if (!st.ok()) {
-            sc_->problem = Problem{503,
-                                   "store-unavailable",
-                                   "Fence store unavailable",
-                                   "the audit row could not be made durable: " + st.message(),
-                                   m.resource,
-                                   g,
-                                   d.newest};
+            sc_->problem = audit_not_durable(st, m.resource, g, d.newest);
             co_return co_await refuse(sc_->problem, marks);
           }
           {
