@@ -17,6 +17,7 @@
 
 #include <malloc.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
 #include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -27,6 +28,7 @@
 #include <boost/asio.hpp>
 #include <csignal>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -66,6 +68,7 @@ constexpr std::size_t kMaxResponseHeader = 64 * 1024;
 constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this are skipped, not fatal
 constexpr auto kWatchdogTick = std::chrono::milliseconds(20);
 constexpr auto kHotIdle = std::chrono::milliseconds(50);  // idle reads keep their buffer this long
+constexpr std::size_t kMaxHotIdle = 256;                  // ... on at most this many connections per worker
 constexpr auto kPeekAfterIdle = std::chrono::milliseconds(100);  // pooled upstreams idle longer are probed
 constexpr std::size_t kMaxGather = 32;
 constexpr std::size_t kScratchPool = 64;  // free Scratch kept per worker               // chunk data runs re-framed per write
@@ -170,17 +173,27 @@ struct Scratch {
 };
 
 struct Worker {
+  Worker();
+  ~Worker();  // closes the parked connections
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
   // Declared before ioc: sessions still suspended when ioc is destroyed unlink themselves.
   Session* sessions = nullptr;  // intrusive list, for the watchdog
   // One thread runs it, and every socket operation of its sessions starts on that thread
   // (sessions are made by a handler posted here; other threads only post): no per-socket locks.
   net::io_context ioc{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};
+  // Parked connections wait here, not in ioc's reactor: their descriptors are in this epoll set
+  // (level-triggered, one-shot), which itself is one descriptor in ioc's reactor. A parked
+  // connection so holds no Asio state at all (no descriptor state, no pending operation).
+  net::posix::basic_stream_descriptor<Executor> parked{ioc.get_executor()};
+  void watch_parked();
   // Guarded by running on ioc's single thread.
   std::unordered_map<std::string, std::vector<std::unique_ptr<UpConn>>> idle;
   Timer watchdog{ioc.get_executor()};
   std::uint64_t requests = 0;            // started on this worker
   std::uint64_t requests_at_tick = 0;    // ... as of the previous watchdog tick
   bool trimmed = true;                   // no request since the heap was last trimmed
+  std::size_t hot_idle = 0;              // sessions waiting for a request hot (not parked)
   std::vector<std::unique_ptr<Scratch>> scratch;  // free ones, reused LIFO
   void start_watchdog();
   std::unique_ptr<Scratch> lease() {
@@ -396,8 +409,59 @@ bool still_open(Socket& s) {
 // ---------------------------------------------------------------------------------------------
 // Session.
 
-class Session {
+// Sessions are carved from blocks of their own: a connection that stays open for hours then sits
+// next to other sessions, not in a hole left by the coroutine frames and buffers its requests
+// freed, where it would keep a whole heap page resident (10,000 parked connections would pin
+// 10,000 pages). Free slots are kept per thread; blocks live as long as the process.
+class SessionSlots {
  public:
+  static void* take(std::size_t size) {
+    Free*& head = free_head();
+    if (!head) carve(size, head);
+    Free* f = head;
+    head = f->next;
+    return f;
+  }
+  static void give(void* p) {
+    Free*& head = free_head();
+    auto* f = static_cast<Free*>(p);
+    f->next = head;
+    head = f;
+  }
+
+ private:
+  struct Free {
+    Free* next;
+  };
+  static constexpr std::size_t kPerBlock = 256;
+  static Free*& free_head() {
+    thread_local Free* head = nullptr;
+    return head;
+  }
+  static void carve(std::size_t size, Free*& head) {
+    const std::size_t stride = (std::max(size, sizeof(Free)) + 15) & ~std::size_t{15};
+    char* block = static_cast<char*>(::operator new(stride * kPerBlock, std::align_val_t{16}));
+    {
+      static std::mutex mu;
+      static std::vector<char*>* blocks = new std::vector<char*>();  // reachable for good
+      std::lock_guard<std::mutex> lock(mu);
+      blocks->push_back(block);
+    }
+    for (std::size_t i = kPerBlock; i-- > 0;) {
+      auto* f = reinterpret_cast<Free*>(block + i * stride);
+      f->next = head;
+      head = f;
+    }
+  }
+};
+
+class Session {
+  friend struct Worker;
+
+ public:
+  static void* operator new(std::size_t size) { return SessionSlots::take(size); }
+  static void operator delete(void* p) { SessionSlots::give(p); }
+
   Session(ServerState& st, Worker& w, Socket sock)
       : st_(st), rt_(st.rt), w_(w), client_(std::move(sock)), snap_version_(rt_.snapshot_version()),
         snap_(rt_.snapshot()) {
@@ -414,6 +478,10 @@ class Session {
     w_.sessions = this;
   }
   ~Session() {
+    if (parked_fd_ >= 0) {
+      ::epoll_ctl(w_.parked.native_handle(), EPOLL_CTL_DEL, parked_fd_, nullptr);
+      ::close(parked_fd_);
+    }
     if (prev_) prev_->next_ = next_;
     else w_.sessions = next_;
     if (next_) next_->prev_ = prev_;
@@ -421,10 +489,12 @@ class Session {
     rt_.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
   }
 
-  // Runs the connection's loop. When the connection goes idle it parks: the coroutine ends and
-  // only the session and one readiness wait remain (a few hundred bytes), until the client sends
-  // again (start() once more) or the idle timeout closes it. The session is owned by whichever
-  // of the two holds it, and destroyed (the connection closed) when neither continues.
+  // Runs the connection's loop. When the connection goes idle it parks: the coroutine ends, the
+  // descriptor moves from the Asio socket to the worker's epoll set of parked connections, and
+  // only the session (a couple of hundred bytes) remains, until the client sends again (start()
+  // once more) or the idle timeout closes it. A running session is owned by its coroutine's
+  // completion handler; a parked one by the worker's list (its watchdog or its destructor
+  // closes it).
   static void start(std::unique_ptr<Session> s, bool woken) {
     Session* raw = s.get();
     if (!raw->sc_) raw->sc_ = raw->w_.lease();
@@ -442,12 +512,36 @@ class Session {
     });
   }
   static void park(std::unique_ptr<Session> s) {
-    Session* raw = s.get();
-    raw->client_.async_wait(tcp::socket::wait_read, [s = std::move(s)](boost::system::error_code ec) mutable {
-      if (ec || s->timed_out_ || s->rt_.stopping.load(std::memory_order_relaxed)) return;  // closes
-      s->disarm();
-      Session::start(std::move(s), true);
-    });
+    if (s->rt_.stopping.load(std::memory_order_relaxed)) return;  // closes
+    boost::system::error_code ec;
+    const int fd = s->client_.release(ec);
+    if (ec || fd < 0) return;
+    // Level-triggered: bytes that arrived before this call wake the session at once.
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+    ev.data.ptr = s.get();
+    if (::epoll_ctl(s->w_.parked.native_handle(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      ::close(fd);
+      return;
+    }
+    s->parked_fd_ = fd;
+    s.release();  // owned by the worker's list while parked
+  }
+  // The parked connection is readable (or closed by the client): run it again.
+  void unpark() {
+    std::unique_ptr<Session> self(this);
+    const int fd = parked_fd_;
+    parked_fd_ = -1;
+    ::epoll_ctl(w_.parked.native_handle(), EPOLL_CTL_DEL, fd, nullptr);
+    boost::system::error_code ec;
+    client_.assign(client_v6_ ? tcp::v6() : tcp::v4(), fd, ec);
+    if (ec) {
+      ::close(fd);
+      return;
+    }
+    if (timed_out_ || rt_.stopping.load(std::memory_order_relaxed)) return;  // closes
+    disarm();
+    Session::start(std::move(self), true);
   }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -457,7 +551,12 @@ class Session {
 
   // Watchdog (on the worker's thread): past the deadline, cancel what the session waits for.
   static void check_deadlines(Worker& w, Clock::time_point now) {
-    for (Session* s = w.sessions; s; s = s->next_) {
+    for (Session *s = w.sessions, *next = nullptr; s; s = next) {
+      next = s->next_;
+      if (s->parked_fd_ >= 0) {
+        if (s->deadline_ <= now) delete s;  // idle (or head) timeout while parked: close
+        continue;
+      }
       if (s->cold_at_ <= now) {
         s->cold_at_ = Clock::time_point::max();
         s->going_cold_ = true;
@@ -519,9 +618,41 @@ class Session {
   Clock::time_point cold_at_ = Clock::time_point::max();  // a hot idle read gives up its buffer
   bool going_cold_ = false;
   UpConn* waiting_up_ = nullptr;          // the upstream connection in use, for the watchdog
+  int parked_fd_ = -1;                    // the client's descriptor while parked (client_ is empty)
   Session* prev_ = nullptr;
   Session* next_ = nullptr;
 };
+
+Worker::Worker() {
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  if (ep < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
+  parked.assign(ep);
+  watch_parked();
+}
+
+Worker::~Worker() {
+  // Parked sessions are owned by the list; the others by handlers that die with ioc.
+  for (Session *s = sessions, *next = nullptr; s; s = next) {
+    next = s->next_;
+    if (s->parked_fd_ >= 0) delete s;
+  }
+}
+
+void Worker::watch_parked() {
+  parked.async_wait(net::posix::descriptor_base::wait_read, [this](boost::system::error_code ec) {
+    if (ec) return;
+    // ioc's reactor watches this set edge-triggered: take every ready connection before waiting
+    // again. Each is removed from the set before it runs, so none is reported twice.
+    std::array<epoll_event, 64> ready;
+    for (;;) {
+      const int n = ::epoll_wait(parked.native_handle(), ready.data(), static_cast<int>(ready.size()), 0);
+      if (n < 0 && errno == EINTR) continue;
+      for (int i = 0; i < n; ++i) static_cast<Session*>(ready[i].data.ptr)->unpark();
+      if (n < static_cast<int>(ready.size())) break;
+    }
+    watch_parked();
+  });
+}
 
 void Worker::start_watchdog() {
   watchdog.expires_after(kWatchdogTick);
@@ -536,6 +667,10 @@ void Worker::start_watchdog() {
       trimmed = false;
     } else if (!trimmed) {
       trimmed = true;
+      // Quiet: pooled buffers go too (they are cheap to make again), then the heap is trimmed.
+      scratch.clear();
+      for (auto& [_, pool] : idle)
+        for (auto& c : pool) c->buf.release();
       ::malloc_trim(0);
     }
     start_watchdog();
@@ -593,6 +728,9 @@ task<bool> Session::run(bool woken) {
     int state = 0;
     while ((state = scan_head(&checked, &head_len)) == 0) {
       deadline_ = deadline;
+      // Waiting hot holds the read buffer, a frame and Asio's per-socket state; past
+      // kMaxHotIdle such waits on this worker, an idle connection parks at once instead.
+      if (hot && sc_->in.empty() && w_.hot_idle >= kMaxHotIdle) hot = false;
       if (sc_->in.empty() && !hot) {
         // Idle with nothing buffered: park, holding no buffers, until bytes arrive. The
         // deadline (idle or head timeout) stays armed for the watchdog.
@@ -602,9 +740,12 @@ task<bool> Session::run(bool woken) {
       std::size_t room = std::min<std::size_t>(cfg().max_header_bytes + 4 - sc_->in.size(), sc_->in.size() ? 16384 : 4096);
       // A hot connection reads straight away (no readiness wait to register); if nothing comes
       // for kHotIdle the watchdog cancels the read and the connection waits cold, bufferless.
+      const bool idle_wait = hot && sc_->in.empty();
       if (hot) cold_at_ = Clock::now() + kHotIdle;
+      w_.hot_idle += idle_wait;
       std::size_t n = co_await client_.async_read_some(sc_->in.prepare(std::max<std::size_t>(room, 1)),
                                                        net::redirect_error(use_task, ec));
+      w_.hot_idle -= idle_wait;
       sc_->in.commit(n);
       cold_at_ = Clock::time_point::max();
       const bool went_cold = going_cold_;

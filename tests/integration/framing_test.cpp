@@ -251,3 +251,92 @@ TEST_CASE("framing: an idle keep-alive connection is closed after the idle timeo
 }
 
 }  // TEST_SUITE
+
+// Parked connections: a keep-alive connection idle past the hot window (~50 ms) leaves the
+// Asio reactor for the worker's parked set; the next request must find it again, whatever
+// state the client leaves it in.
+TEST_SUITE("framing") {
+
+TEST_CASE("framing: a parked keep-alive connection serves its next requests, split or pipelined") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  REQUIRE(is_2xx(c.request("POST", "/p0", token(1), "zero")));
+  for (int i = 1; i <= 3; ++i) {
+    std::this_thread::sleep_for(200ms);  // parked by now
+    auto r = c.request("POST", "/p" + std::to_string(i), token(1), "body");
+    INFO(describe(r));
+    CHECK(is_2xx(r));
+  }
+  // A head that arrives in two pieces, the first one after the connection parked.
+  std::this_thread::sleep_for(200ms);
+  const std::string req = build_request("POST", "/split", token(1), "split");
+  REQUIRE(c.send(req.substr(0, 10)));
+  std::this_thread::sleep_for(200ms);
+  REQUIRE(c.send(req.substr(10)));
+  auto split = c.read_response(5s);
+  INFO(describe(split));
+  CHECK(is_2xx(split));
+  // Two pipelined requests that wake a parked connection together.
+  std::this_thread::sleep_for(200ms);
+  REQUIRE(c.send(build_request("POST", "/pipe1", token(1), "a") + build_request("POST", "/pipe2", token(1), "b")));
+  auto r1 = c.read_response(5s), r2 = c.read_response(5s);
+  INFO(describe(r1), " / ", describe(r2));
+  CHECK(is_2xx(r1));
+  CHECK(is_2xx(r2));
+  std::vector<std::string> targets;
+  for (const auto& rec : up.requests()) targets.push_back(rec.target);
+  CHECK(targets == std::vector<std::string>{"/p0", "/p1", "/p2", "/p3", "/split", "/pipe1", "/pipe2"});
+}
+
+TEST_CASE("framing: beyond the hot-idle cap, idle connections park at once and are all served") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  // More idle connections than one worker keeps waiting hot (256), opened faster than the hot
+  // window ends: the later ones park straight after their first request.
+  constexpr int kConns = 700;
+  std::vector<HttpClient> cs(kConns);
+  int first_ok = 0, second_ok = 0;
+  for (auto& c : cs) {
+    if (!c.connect(px.port())) break;
+    first_ok += is_2xx(c.request("GET", "/first"));
+  }
+  CHECK(first_ok == kConns);
+  for (auto& c : cs) second_ok += c.connected() && is_2xx(c.request("GET", "/second", {}, {}, 5s));
+  CHECK(second_ok == kConns);
+  // Clients that close while parked release their connection slots.
+  cs.clear();
+  std::this_thread::sleep_for(300ms);
+  auto after = request(px.port(), "GET", "/after");
+  INFO(describe(after));
+  CHECK(is_2xx(after));
+}
+
+TEST_CASE("framing: a connection that closes while parked is closed by the proxy too") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up, {"--max-connections", "3"}));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  // Fill all three slots with parked connections, then close them: had the proxy kept them,
+  // no new connection would get a slot.
+  for (int round = 0; round < 3; ++round) {
+    std::vector<HttpClient> cs(3);
+    for (auto& c : cs) {
+      REQUIRE(c.connect(px.port()));
+      REQUIRE(is_2xx(c.request("GET", "/fill")));
+    }
+    std::this_thread::sleep_for(150ms);  // parked
+    cs.clear();
+    std::this_thread::sleep_for(150ms);
+  }
+  auto r = request(px.port(), "GET", "/last");
+  INFO(describe(r));
+  CHECK(is_2xx(r));
+}
+
+}  // TEST_SUITE
