@@ -433,14 +433,21 @@ class OwnedStore final : public Store {
   };
 
   void enqueue(Item it) {
+    bool queued = false;
     {
       std::lock_guard lk(mu_);
       if (!stopping_) {
         queue_.push_back(std::move(it));
         pending_.fetch_add(1, std::memory_order_relaxed);
-        cv_.notify_one();
-        return;
+        queued = true;
       }
+    }
+    // Notified after the lock is released: woken while the caller still held it, the store
+    // thread (often on the same core as the caller) would block on the lock at once and then
+    // wait for a second wake-up, which the scheduler may serve only at its next tick (4 ms).
+    if (queued) {
+      cv_.notify_one();
+      return;
     }
     if (it.done) it.done(Status::Error("store for database " + path_ + " is shutting down"));
   }

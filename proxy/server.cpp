@@ -19,6 +19,7 @@
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <netinet/tcp.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -208,12 +209,36 @@ struct Worker {
     s->in.release();
     scratch.push_back(std::move(s));
   }
+
+  // Sessions waiting for another thread: the store's durable commit, a fence decision. That
+  // thread often shares a core with this busy worker, and a thread woken there (by the disk's
+  // completion, say) may only get the core at the scheduler's next tick, 4 ms later: a worker
+  // with requests queued never blocks, so it gives the scheduler no earlier point to switch.
+  // While any session waits and the worker keeps serving, it offers the core once per pass
+  // through its ready handlers (sched_yield returns at once when nothing else is runnable).
+  std::size_t waits_elsewhere = 0;
+  bool offering = false;
+  std::uint64_t requests_at_offer = 0;
+  void offer_cpu() {
+    if (offering || waits_elsewhere == 0) return;
+    offering = true;
+    requests_at_offer = requests;
+    net::post(ioc, [this] {
+      offering = false;
+      // Nobody waits any more, or no request started since the last pass: the worker is about
+      // to block in the reactor anyway (begin_request() starts the offers again).
+      if (waits_elsewhere == 0 || requests == requests_at_offer) return;
+      ::sched_yield();
+      offer_cpu();
+    });
+  }
 };
 
 // A value produced on another thread and awaited by a session coroutine on its io_context.
 template <class T>
 struct Slot {
-  explicit Slot(net::io_context& ioc) : timer(ioc.get_executor(), Timer::time_point::max()) {}
+  explicit Slot(Worker& w) : worker(w), timer(w.ioc.get_executor(), Timer::time_point::max()) {}
+  Worker& worker;
   Timer timer;
   std::optional<T> value;
 
@@ -225,10 +250,14 @@ struct Slot {
     });
   }
   task<T> wait() {
+    if (value) co_return std::move(*value);
+    ++worker.waits_elsewhere;
+    worker.offer_cpu();
     while (!value) {
       boost::system::error_code ec;
       co_await timer.async_wait(net::redirect_error(use_task, ec));
     }
+    --worker.waits_elsewhere;
     co_return std::move(*value);
   }
 };
@@ -800,6 +829,7 @@ void Session::begin_request() {
   }
   st_.active_requests.fetch_add(1, std::memory_order_relaxed);
   ++w_.requests;
+  if (w_.waits_elsewhere) w_.offer_cpu();
 }
 
 void Session::request_failed(const std::exception& e) {
@@ -836,7 +866,7 @@ task<bool> Session::discard(std::uint64_t n) {
 }
 
 task<store::Status> Session::audit_sync(store::AuditRow& row) {
-  auto slot = std::make_shared<Slot<store::Status>>(w_.ioc);
+  auto slot = std::make_shared<Slot<store::Status>>(w_);
   net::io_context& ioc = w_.ioc;
   rt_.store.append_audit(std::move(row), [slot, &ioc](store::Status st) { Slot<store::Status>::fulfil(slot, ioc, std::move(st)); });
   co_return co_await slot->wait();
@@ -1100,7 +1130,7 @@ task<bool> Session::handle(std::size_t head_len) {
     } else {
       Decision d;
       bool now;
-      auto slot = std::make_shared<Slot<Decision>>(w_.ioc);
+      auto slot = std::make_shared<Slot<Decision>>(w_);
       net::io_context& ioc = w_.ioc;
       auto later = [slot, &ioc](Decision dd) { Slot<Decision>::fulfil(slot, ioc, dd); };
       if (enforce) {
