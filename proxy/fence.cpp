@@ -125,6 +125,37 @@ static void link(FenceResource* r, InflightNode* n) {
   ++r->inflight;
 }
 
+bool Fence::decide_now(const std::string& resource, std::int64_t g, InflightNode* node, Decision* now) {
+  FenceResource* r = find_or_create(resource);
+  if (!r) {
+    *now = Decision{Verdict::overloaded, 0, 0, false};
+    return true;
+  }
+  std::lock_guard lk(r->mu);
+  if (node) {  // enforce: the same first two cases as admit()
+    if (g < r->seen) {
+      *now = Decision{Verdict::stale, r->stored, r->seen, false};
+      return true;
+    }
+    if (g == r->stored && r->seen == r->stored) {
+      link(r, node);
+      *now = Decision{Verdict::admit, r->stored, r->seen, false};
+      return true;
+    }
+    return false;
+  }
+  // observe: the same first two cases as observe()
+  if (g < r->seen) {
+    *now = Decision{Verdict::admit, r->stored, r->seen, true};
+    return true;
+  }
+  if (g <= r->stored) {
+    *now = Decision{Verdict::admit, r->stored, r->seen, false};
+    return true;
+  }
+  return false;
+}
+
 bool Fence::admit(const std::string& resource, std::int64_t g, const std::string& leader,
                   InflightNode* node, Decision* now, DecisionFn later) {
   FenceResource* r = find_or_create(resource);

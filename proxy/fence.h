@@ -100,6 +100,12 @@ class Fence {
   bool admit(const std::string& resource, std::int64_t g, const std::string& leader,
              InflightNode* node, Decision* now, DecisionFn later);
 
+  // The decision of admit() (node given: enforce) or observe() (node null) when it can be made
+  // without waiting: stale, the fast path (g is the stored generation; enforce links the node),
+  // overloaded. Returns true with *now set; false when that call would have to wait (an advance
+  // is due or under way), and then nothing has changed. Allocates nothing.
+  bool decide_now(const std::string& resource, std::int64_t g, InflightNode* node, Decision* now);
+
   // REQUIRES: node was linked by admit(). Safe to call more than once.
   void release(InflightNode* node);
 

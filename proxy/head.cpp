@@ -17,6 +17,80 @@ std::size_t RequestHead::count(std::string_view name, std::string_view* first) c
 
 namespace {
 
+// iequals() with "_" in `name` read as "-" (`dashed` has only "-"); *underscore says if any was.
+bool iequals_dashed(std::string_view name, std::string_view dashed, bool* underscore) {
+  if (name.size() != dashed.size()) return false;
+  bool u = false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    const char x = name[i], y = dashed[i];  // y: a letter or "-"
+    if (x == y) continue;
+    if (y == '-') {
+      if (x != '_') return false;
+      u = true;
+    } else if ((x | 0x20) != (y | 0x20)) {  // y is a letter: so is x when they match
+      return false;
+    }
+  }
+  *underscore = u;
+  return true;
+}
+
+}  // namespace
+
+FieldKind classify_field(std::string_view n) {
+  bool alias = false;
+  switch (n.size()) {
+    case 2:
+      if (iequals(n, "TE")) return FieldKind::hop_by_hop;
+      break;
+    case 4:
+      if (iequals(n, "Host")) return FieldKind::host;
+      break;
+    case 6:
+      if (iequals(n, "Expect")) return FieldKind::expect;
+      break;
+    case 7:
+      if (iequals(n, "Upgrade")) return FieldKind::upgrade;
+      if (iequals(n, "Trailer")) return FieldKind::hop_by_hop;
+      break;
+    case 9:
+      if (iequals(n, "Forwarded")) return FieldKind::forwarded;
+      break;
+    case 10:
+      if (iequals(n, "Connection")) return FieldKind::connection;
+      if (iequals(n, "Keep-Alive")) return FieldKind::hop_by_hop;
+      if (iequals(n, "User-Agent")) return FieldKind::user_agent;
+      break;
+    case 14:
+      if (iequals_dashed(n, "Content-Length", &alias))
+        return alias ? FieldKind::framing_alias : FieldKind::content_length;
+      break;
+    case 15:
+      if (iequals(n, "X-Forwarded-For")) return FieldKind::x_forwarded_for;
+      if (iequals(n, "Fencing-Observe")) return FieldKind::fencing_observe;
+      break;
+    case 16:
+      if (iequals(n, "Proxy-Connection")) return FieldKind::hop_by_hop;
+      break;
+    case 17:
+      if (iequals_dashed(n, "Transfer-Encoding", &alias))
+        return alias ? FieldKind::framing_alias : FieldKind::transfer_encoding;
+      break;
+    case 18:
+      if (iequals(n, "Fencing-Generation")) return FieldKind::fencing_generation;
+      if (iequals(n, "Proxy-Authenticate")) return FieldKind::hop_by_hop;
+      break;
+    case 19:
+      if (iequals(n, "Proxy-Authorization")) return FieldKind::hop_by_hop;
+      break;
+    default:
+      break;
+  }
+  return FieldKind::other;
+}
+
+namespace {
+
 HeadScan bad(std::string reason) {
   HeadScan s;
   s.status = HeadStatus::bad;
@@ -28,7 +102,9 @@ inline bool is_field_vchar(unsigned char c) { return c == '\t' || (c >= 0x20 && 
 
 // Parses the field lines of `head` (every line ends in CRLF) from `pos` on. Returns nullptr, or
 // why the block is refused.
-const char* scan_fields(std::string_view head, std::size_t pos, std::vector<HeadField>* fields) {
+const char* scan_fields(std::string_view head, std::size_t pos, std::vector<HeadField>* fields,
+                        std::uint32_t* kinds) {
+  *kinds = 0;
   while (pos < head.size()) {
     std::size_t e = head.find("\r\n", pos);
     std::string_view line = head.substr(pos, e - pos);
@@ -46,7 +122,9 @@ const char* scan_fields(std::string_view head, std::size_t pos, std::vector<Head
       if (!is_field_vchar(c)) return "invalid character in header field value";
     while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
     while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
-    fields->push_back({name, value});
+    const FieldKind kind = classify_field(name);
+    *kinds |= kind_bit(kind);
+    fields->push_back({name, value, kind});
   }
   return nullptr;
 }
@@ -85,6 +163,7 @@ HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, Request
   RequestHead local;
   RequestHead& h = out ? *out : local;  // filled in place: its field vector's memory is reused
   h.fields.clear();
+  h.kinds = 0;
   std::size_t pos = 0;
   auto next_line = [&](std::string_view& line) -> bool {
     std::size_t e = head.find("\r\n", pos);
@@ -113,7 +192,7 @@ HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, Request
   else if (version == "HTTP/1.0") h.version = 10;
   else return bad("unsupported HTTP version (HTTP/1.1 and HTTP/1.0 only)");
 
-  if (const char* why = scan_fields(head, pos, &h.fields)) return bad(why);
+  if (const char* why = scan_fields(head, pos, &h.fields, &h.kinds)) return bad(why);
 
   HeadScan s;
   s.status = HeadStatus::complete;
@@ -123,10 +202,27 @@ HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, Request
 
 Framing check_framing(const RequestHead& h) {
   Framing f;
-  std::string_view cl, te, host;
-  std::size_t ncl = h.count("Content-Length", &cl);
-  std::size_t nte = h.count("Transfer-Encoding", &te);
-  std::size_t nhost = h.count("Host", &host);
+  std::string_view cl, te;
+  std::size_t ncl = 0, nte = 0, nhost = 0;
+  std::string_view alias;
+  for (const auto& fl : h.fields) {
+    switch (fl.kind) {
+      case FieldKind::content_length:
+        if (ncl++ == 0) cl = fl.value;
+        break;
+      case FieldKind::transfer_encoding:
+        if (nte++ == 0) te = fl.value;
+        break;
+      case FieldKind::host:
+        ++nhost;
+        break;
+      case FieldKind::framing_alias:
+        if (alias.empty()) alias = fl.name;
+        break;
+      default:
+        break;
+    }
+  }
   auto fail = [&](std::string r) {
     f.ok = false;
     f.reason = std::move(r);
@@ -138,14 +234,7 @@ Framing check_framing(const RequestHead& h) {
   // CGI-style stacks (CGI, WSGI, Rack, PHP behind FastCGI) map "_" and "-" in header names to the
   // same variable, so "Transfer_Encoding" or "Content_Length" may frame the body there while we
   // forward it as an unknown field. No client needs such a name.
-  for (const auto& fl : h.fields) {
-    if (fl.name.find('_') == std::string_view::npos) continue;
-    std::string n(fl.name);
-    for (char& c : n)
-      if (c == '_') c = '-';
-    if (iequals(n, "Content-Length") || iequals(n, "Transfer-Encoding"))
-      return fail("header " + std::string(fl.name) + " reads as Content-Length or Transfer-Encoding");
-  }
+  if (!alias.empty()) return fail("header " + std::string(alias) + " reads as Content-Length or Transfer-Encoding");
   if (ncl) {
     if (cl.empty() || cl.size() > 19) return fail("invalid Content-Length");
     std::uint64_t n = 0;
@@ -186,6 +275,7 @@ HeadScan scan_response_head(std::string_view data, std::size_t max_bytes, Respon
   ResponseHead local;
   ResponseHead& h = out ? *out : local;
   h.fields.clear();
+  h.kinds = 0;
   if (line.size() < 12 || line.substr(0, 7) != "HTTP/1." || (line[7] != '0' && line[7] != '1') || line[8] != ' ')
     return bad("malformed status line");
   h.version = line[7] == '1' ? 11 : 10;
@@ -198,7 +288,7 @@ HeadScan scan_response_head(std::string_view data, std::size_t max_bytes, Respon
     for (unsigned char c : line.substr(13))
       if (!is_field_vchar(c)) return bad("invalid character in reason phrase");
   }
-  if (const char* why = scan_fields(head, eol + 2, &h.fields)) return bad(why);
+  if (const char* why = scan_fields(head, eol + 2, &h.fields, &h.kinds)) return bad(why);
   HeadScan s;
   s.status = HeadStatus::complete;
   s.length = end + 4;

@@ -20,9 +20,33 @@
 
 namespace fencegate::proxy {
 
+// The fields the relay treats specially, recognised once while the head is scanned (so the
+// relay never compares a field name twice). Names are ASCII case-insensitive.
+enum class FieldKind : std::uint8_t {
+  other,
+  host,
+  content_length,
+  transfer_encoding,
+  framing_alias,  // Content_Length, Transfer_Encoding: "_" for "-" (refused, see above)
+  connection,
+  upgrade,
+  hop_by_hop,     // Keep-Alive, Proxy-Connection, TE, Trailer, Proxy-Authenticate, Proxy-Authorization
+  expect,
+  x_forwarded_for,
+  forwarded,
+  user_agent,
+  fencing_generation,
+  fencing_observe,
+};
+inline constexpr std::uint32_t kind_bit(FieldKind k) { return 1u << static_cast<unsigned>(k); }
+
+// The kind of a field named `name`.
+FieldKind classify_field(std::string_view name);
+
 struct HeadField {
   std::string_view name;
   std::string_view value;  // leading and trailing whitespace removed
+  FieldKind kind = FieldKind::other;
 };
 
 struct RequestHead {
@@ -30,6 +54,8 @@ struct RequestHead {
   std::string_view target;
   int version = 11;  // 10 or 11
   std::vector<HeadField> fields;
+  std::uint32_t kinds = 0;  // kind_bit() of every field's kind
+  bool has(FieldKind k) const { return (kinds & kind_bit(k)) != 0; }
 
   // Number of fields named `name` (case-insensitive) and the first one's value.
   std::size_t count(std::string_view name, std::string_view* first = nullptr) const;
@@ -67,6 +93,8 @@ struct ResponseHead {
   int version = 11;  // 10 or 11
   int status = 0;
   std::vector<HeadField> fields;
+  std::uint32_t kinds = 0;  // kind_bit() of every field's kind
+  bool has(FieldKind k) const { return (kinds & kind_bit(k)) != 0; }
   std::size_t count(std::string_view name, std::string_view* first = nullptr) const;
 };
 

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <charconv>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <csignal>
@@ -263,11 +264,12 @@ struct Slot {
 };
 
 // One forwarded exchange; it holds the fence registration and the upstream connection.
-struct Exchange {
+struct Exchange : std::enable_shared_from_this<Exchange> {
   Exchange(Fence& f) : fence(f) {}
   ~Exchange() { release(); }
   void release() { fence.release(&node); }
   Fence& fence;
+  net::io_context* ioc = nullptr;  // of the session, for node.abort
   InflightNode node;
   std::unique_ptr<UpConn> up;
   bool aborted = false;  // by a newer generation's drain timeout
@@ -343,13 +345,10 @@ std::string local_reply(const Problem& p, bool keep_alive, int version, const Fe
   return r;
 }
 
-bool is_hop_by_hop(std::string_view name) {
-  static constexpr std::string_view kHop[] = {"Connection", "Keep-Alive", "Proxy-Connection", "TE",
-                                              "Trailer", "Upgrade", "Proxy-Authenticate",
-                                              "Proxy-Authorization"};
-  for (auto h : kHop)
-    if (iequals(name, h)) return true;
-  return false;
+// Hop-by-hop fields of RFC 9110 7.6.1 (Connection, Keep-Alive, Proxy-Connection, TE, Trailer,
+// Upgrade, Proxy-Authenticate, Proxy-Authorization): never relayed.
+bool is_hop_by_hop(FieldKind k) {
+  return k == FieldKind::connection || k == FieldKind::upgrade || k == FieldKind::hop_by_hop;
 }
 
 // Splits a comma-separated list into trimmed, non-empty tokens.
@@ -369,19 +368,39 @@ void for_each_token(std::string_view v, F&& f) {
 // True iff a Connection field of the head lists `n` (hop-by-hop by declaration).
 template <class Head>
 bool named_by_connection(const Head& h, std::string_view n) {
+  if (!h.has(FieldKind::connection)) return false;
   bool found = false;
   for (const auto& f : h.fields)
-    if (!found && iequals(f.name, "Connection"))
+    if (!found && f.kind == FieldKind::connection)
       for_each_token(f.value, [&](std::string_view t) { found = found || iequals(t, n); });
   return found;
 }
 
-void append_field(std::string& out, std::string_view name, std::string_view value) {
-  out += name;
-  out += ": ";
-  out += value;
-  out += "\r\n";
+// Appends the pieces to `out` with one size check and one copy each.
+template <class... Parts>
+void append(std::string& out, const Parts&... parts) {
+  const std::string_view views[] = {std::string_view(parts)...};
+  std::size_t n = 0;
+  for (auto v : views) n += v.size();
+  std::size_t at = out.size();
+  out.resize(at + n);
+  for (auto v : views) {
+    std::memcpy(out.data() + at, v.data(), v.size());
+    at += v.size();
+  }
 }
+
+void append_field(std::string& out, std::string_view name, std::string_view value) {
+  append(out, name, std::string_view(": "), value, std::string_view("\r\n"));
+}
+
+// Decimal digits of v (no allocation).
+struct Decimal {
+  explicit Decimal(std::uint64_t v) { len = static_cast<std::size_t>(std::to_chars(buf, buf + sizeof buf, v).ptr - buf); }
+  operator std::string_view() const { return {buf, len}; }
+  char buf[24];
+  std::size_t len;
+};
 
 // A gather write of a relayed body: [the message head], a slot for a chunk-size line, then the
 // body's data runs. Returns the slot's index.
@@ -889,12 +908,13 @@ task<bool> Session::handle(std::size_t head_len) {
   bool client_keep_alive = true;
   {
     bool close = false, keep = false;
-    for (const auto& f : head.fields)
-      if (iequals(f.name, "Connection"))
-        for_each_token(f.value, [&](std::string_view t) {
-          if (iequals(t, "close")) close = true;
-          if (iequals(t, "keep-alive")) keep = true;
-        });
+    if (head.has(FieldKind::connection))
+      for (const auto& f : head.fields)
+        if (f.kind == FieldKind::connection)
+          for_each_token(f.value, [&](std::string_view t) {
+            if (iequals(t, "close")) close = true;
+            if (iequals(t, "keep-alive")) keep = true;
+          });
     client_keep_alive = version == 11 ? !close : (keep && !close);
   }
 
@@ -911,17 +931,17 @@ task<bool> Session::handle(std::size_t head_len) {
     co_return true;
   };
 
-  if (head.method == "CONNECT" || head.count("Upgrade")) {
+  if (head.method == "CONNECT" || head.has(FieldKind::upgrade)) {
     sc_->problem =
         Problem{501, "not-implemented", "Not implemented", "CONNECT and protocol upgrades are not supported"};
     co_return co_await reply(sc_->problem, false, version, kNoMarks);
   }
   // Connection may not name end-to-end fields we rely on: stripping them would change framing
   // or drop the token on its way upstream.
-  {
+  if (head.has(FieldKind::connection)) {
     bool bad_conn = false;
     for (const auto& f : head.fields) {
-      if (!iequals(f.name, "Connection")) continue;
+      if (f.kind != FieldKind::connection) continue;
       for_each_token(f.value, [&](std::string_view t) {
         if (iequals(t, "Content-Length") || iequals(t, "Transfer-Encoding") || iequals(t, "Host") ||
             iequals(t, cfg.token_header) || iequals(t, cfg.leader_header))
@@ -936,7 +956,10 @@ task<bool> Session::handle(std::size_t head_len) {
   }
   {
     std::string_view ev;
-    std::size_t ne = head.count("Expect", &ev);
+    std::size_t ne = 0;
+    if (head.has(FieldKind::expect))
+      for (const auto& f : head.fields)
+        if (f.kind == FieldKind::expect && ne++ == 0) ev = f.value;
     if (ne > 1 || (ne == 1 && !iequals(ev, "100-continue"))) {
       sc_->problem =
           Problem{417, "expectation-failed", "Expectation failed", "only \"Expect: 100-continue\" is supported"};
@@ -1005,8 +1028,11 @@ task<bool> Session::handle(std::size_t head_len) {
       row.client = client_ip_;
       row.leader = leader;
       row.mode = enforce ? "enforce" : "observe";
-      std::string_view ua;
-      if (head.count("User-Agent", &ua)) row.user_agent = std::string(ua.substr(0, 512));
+      for (const auto& f : head.fields)
+        if (f.kind == FieldKind::user_agent) {
+          row.user_agent = std::string(f.value.substr(0, 512));
+          break;
+        }
       return row;
     };
 
@@ -1129,14 +1155,13 @@ task<bool> Session::handle(std::size_t head_len) {
       marks.observe = "would_reject_" + suffix;
     } else {
       Decision d;
-      bool now;
-      auto slot = std::make_shared<Slot<Decision>>(w_);
-      net::io_context& ioc = w_.ioc;
-      auto later = [slot, &ioc](Decision dd) { Slot<Decision>::fulfil(slot, ioc, dd); };
       if (enforce) {
-        std::weak_ptr<Exchange> weak = ex;
-        ex->node.abort = [weak, &ioc] {
-          net::post(ioc, [weak] {
+        // Set before the node can be linked: a newer generation's drain timeout may call it as
+        // soon as it is. It captures a plain pointer (no allocation); the Exchange outlives any
+        // call, since its destructor unlinks the node under the lock the fence calls it under.
+        ex->ioc = &w_.ioc;
+        ex->node.abort = [e = ex.get()] {
+          net::post(*e->ioc, [weak = e->weak_from_this()] {
             if (auto e = weak.lock()) {
               e->aborted = true;
               if (e->up) {
@@ -1147,11 +1172,16 @@ task<bool> Session::handle(std::size_t head_len) {
             }
           });
         };
-        now = rt_.fence.admit(m.resource, g, leader, &ex->node, &d, later);
-      } else {
-        now = rt_.fence.observe(m.resource, g, leader, &d, later);
       }
-      if (!now) d = co_await slot->wait();
+      // Most writes are decided at once (the fast path, or stale); only an advance waits.
+      if (!rt_.fence.decide_now(m.resource, g, enforce ? &ex->node : nullptr, &d)) {
+        auto slot = std::make_shared<Slot<Decision>>(w_);
+        net::io_context& ioc = w_.ioc;
+        auto later = [slot, &ioc](Decision dd) { Slot<Decision>::fulfil(slot, ioc, dd); };
+        const bool now = enforce ? rt_.fence.admit(m.resource, g, leader, &ex->node, &d, later)
+                                 : rt_.fence.observe(m.resource, g, leader, &d, later);
+        if (!now) d = co_await slot->wait();
+      }
       marks.generation = d.current;
       switch (d.verdict) {
         case Verdict::admit:
@@ -1312,30 +1342,36 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   // Forwarded get the client appended, framing is restated from what was validated.
   {
     std::string xff, fwd;
-    sc_->out.clear();
-    sc_->out += head.method;
-    sc_->out += ' ';
-    sc_->out += head.target;
-    sc_->out += " HTTP/1.1\r\n";
+    std::string& out = sc_->out;
+    out.clear();
+    append(out, head.method, std::string_view(" "), head.target, std::string_view(" HTTP/1.1\r\n"));
     for (const auto& f : head.fields) {
-      const std::string_view n = f.name;
-      if (is_hop_by_hop(n) || named_by_connection(head, n) || iequals(n, "Expect") || iequals(n, "Content-Length") ||
-          iequals(n, "Transfer-Encoding"))
-        continue;
-      if (iequals(n, "X-Forwarded-For") || iequals(n, "Forwarded")) {
-        std::string& acc = n.size() == 9 ? fwd : xff;
-        if (!acc.empty()) acc += ", ";
-        acc += f.value;
-        continue;
+      switch (f.kind) {
+        case FieldKind::expect:
+        case FieldKind::content_length:
+        case FieldKind::transfer_encoding:
+        case FieldKind::framing_alias:  // refused by check_framing; never relayed
+          continue;
+        case FieldKind::x_forwarded_for:
+        case FieldKind::forwarded: {
+          std::string& acc = f.kind == FieldKind::forwarded ? fwd : xff;
+          if (!acc.empty()) acc += ", ";
+          acc += f.value;
+          continue;
+        }
+        default:
+          if (is_hop_by_hop(f.kind) || named_by_connection(head, f.name)) continue;
+          append_field(out, f.name, f.value);
       }
-      append_field(sc_->out, n, f.value);
     }
-    append_field(sc_->out, "X-Forwarded-For", xff.empty() ? client_ip_ : xff + ", " + client_ip_);
-    std::string me = client_v6_ ? "for=\"[" + client_ip_ + "]\"" : "for=" + client_ip_;
-    append_field(sc_->out, "Forwarded", fwd.empty() ? me : fwd + ", " + me);
-    if (fr.chunked) sc_->out += "Transfer-Encoding: chunked\r\n";
-    else if (fr.content_length) append_field(sc_->out, "Content-Length", std::to_string(*fr.content_length));
-    sc_->out += "\r\n";
+    const std::string_view sep = ", ";
+    append(out, std::string_view("X-Forwarded-For: "), xff, xff.empty() ? std::string_view() : sep, client_ip_,
+           std::string_view("\r\nForwarded: "), fwd, fwd.empty() ? std::string_view() : sep,
+           std::string_view(client_v6_ ? "for=\"[" : "for="), client_ip_,
+           std::string_view(client_v6_ ? "]\"\r\n" : "\r\n"));
+    if (fr.chunked) append(out, std::string_view("Transfer-Encoding: chunked\r\n"));
+    else if (fr.content_length) append_field(out, "Content-Length", Decimal(*fr.content_length));
+    append(out, std::string_view("\r\n"));
   }
   sc_->in.consume(head_len);  // `head` is not used past this point
 
@@ -1454,13 +1490,15 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   te_value.clear();
   {
     std::string_view cl;
-    const std::size_t ncl = rh.count("Content-Length", &cl);
+    std::size_t ncl = 0;
     bool te_chunked = false, has_te = false;
     for (const auto& f : rh.fields)
-      if (iequals(f.name, "Transfer-Encoding")) {
+      if (f.kind == FieldKind::transfer_encoding) {
         has_te = true;
         if (!te_value.empty()) te_value += ", ";
         te_value += f.value;
+      } else if (f.kind == FieldKind::content_length && ncl++ == 0) {
+        cl = f.value;
       }
     if (has_te) {
       std::string_view last;
@@ -1470,12 +1508,12 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     bool cl_ok = ncl > 0;
     if (ncl) {
       for (const auto& f : rh.fields) {
-        if (!iequals(f.name, "Content-Length")) continue;
+        if (f.kind != FieldKind::content_length) continue;
         if (f.value != cl || cl.empty() || cl.size() > 19 ||
             cl.find_first_not_of("0123456789") != std::string_view::npos)
           cl_ok = false;
       }
-      if (cl_ok) body_len = std::stoull(std::string(cl));
+      if (cl_ok) std::from_chars(cl.data(), cl.data() + cl.size(), body_len);
     }
     if (head_req || rh.status == 204 || rh.status == 304) body = Body::none;
     else if (has_te) body = te_chunked ? Body::chunked : Body::until_close;
@@ -1492,13 +1530,13 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   }
   bool up_reusable = rh.version == 11;
   for (const auto& f : rh.fields)
-    if (iequals(f.name, "Connection"))
+    if (f.kind == FieldKind::connection)
       for_each_token(f.value, [&](std::string_view t) {
         if (iequals(t, "close")) up_reusable = false;
         else if (iequals(t, "keep-alive") && rh.version == 10) up_reusable = true;
       });
   // Close-delimited, or framed both ways (RFC 9112 6.3: chunked wins, the connection closes after).
-  if (body == Body::until_close || (body == Body::chunked && rh.count("Content-Length"))) up_reusable = false;
+  if (body == Body::until_close || (body == Body::chunked && rh.has(FieldKind::content_length))) up_reusable = false;
   bool keep = client_keep_alive && !rt_.stopping.load(std::memory_order_relaxed);
   // A 1.0 client gets a body it can delimit only by the close.
   const bool chunk_out = version == 11 && (body == Body::chunked || body == Body::until_close);
@@ -1509,20 +1547,20 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     std::string_view view = up.buf.view();
     std::string_view status_line = view.substr(8, view.find("\r\n") - 8);  // " 200 OK"
     sc_->out.clear();
-    sc_->out += version == 10 ? "HTTP/1.0" : "HTTP/1.1";
-    sc_->out += status_line;
-    sc_->out += "\r\n";
+    append(sc_->out, std::string_view(version == 10 ? "HTTP/1.0" : "HTTP/1.1"), status_line, std::string_view("\r\n"));
     for (const auto& f : rh.fields) {
-      const std::string_view n = f.name;
-      if (is_hop_by_hop(n) || named_by_connection(rh, n) || iequals(n, "Transfer-Encoding")) continue;
-      if (iequals(n, "Content-Length") && body != Body::none) continue;
-      if ((marks.generation && iequals(n, "Fencing-Generation")) || (!marks.observe.empty() && iequals(n, "Fencing-Observe")))
+      const FieldKind k = f.kind;
+      if (is_hop_by_hop(k) || k == FieldKind::transfer_encoding) continue;
+      if (k == FieldKind::content_length && body != Body::none) continue;
+      if ((marks.generation && k == FieldKind::fencing_generation) ||
+          (!marks.observe.empty() && k == FieldKind::fencing_observe))
         continue;
-      append_field(sc_->out, n, f.value);
+      if (named_by_connection(rh, f.name)) continue;
+      append_field(sc_->out, f.name, f.value);
     }
-    if (marks.generation) append_field(sc_->out, "Fencing-Generation", std::to_string(*marks.generation));
+    if (marks.generation) append_field(sc_->out, "Fencing-Generation", Decimal(static_cast<std::uint64_t>(*marks.generation)));
     if (!marks.observe.empty()) append_field(sc_->out, "Fencing-Observe", marks.observe);
-    if (body == Body::length) append_field(sc_->out, "Content-Length", std::to_string(body_len));
+    if (body == Body::length) append_field(sc_->out, "Content-Length", Decimal(body_len));
     if (chunk_out) append_field(sc_->out, "Transfer-Encoding", body == Body::chunked ? std::string_view(te_value) : "chunked");
     if (!keep) sc_->out += "Connection: close\r\n";
     else if (version == 10) sc_->out += "Connection: keep-alive\r\n";

@@ -340,3 +340,65 @@ TEST_CASE("iequals and is_tchar") {
   CHECK_FALSE(is_tchar(0x80));
   CHECK_FALSE(is_tchar(0));
 }
+
+// The relay decides what to strip, restate or refuse by these kinds alone, so a field the
+// classifier misses is a field the relay passes through untouched.
+TEST_CASE("classify_field: every special field in any letter case, and near misses stay other") {
+  struct Case {
+    const char* name;
+    FieldKind kind;
+  };
+  const Case cases[] = {
+      {"Host", FieldKind::host},
+      {"hOST", FieldKind::host},
+      {"Content-Length", FieldKind::content_length},
+      {"CONTENT-LENGTH", FieldKind::content_length},
+      {"Transfer-Encoding", FieldKind::transfer_encoding},
+      {"transfer-encoding", FieldKind::transfer_encoding},
+      {"Content_Length", FieldKind::framing_alias},
+      {"content_length", FieldKind::framing_alias},
+      {"Transfer_Encoding", FieldKind::framing_alias},
+      {"TRANSFER_ENCODING", FieldKind::framing_alias},
+      {"Connection", FieldKind::connection},
+      {"Upgrade", FieldKind::upgrade},
+      {"Keep-Alive", FieldKind::hop_by_hop},
+      {"Proxy-Connection", FieldKind::hop_by_hop},
+      {"te", FieldKind::hop_by_hop},
+      {"Trailer", FieldKind::hop_by_hop},
+      {"Proxy-Authenticate", FieldKind::hop_by_hop},
+      {"Proxy-Authorization", FieldKind::hop_by_hop},
+      {"Expect", FieldKind::expect},
+      {"x-forwarded-for", FieldKind::x_forwarded_for},
+      {"Forwarded", FieldKind::forwarded},
+      {"User-Agent", FieldKind::user_agent},
+      {"Fencing-Generation", FieldKind::fencing_generation},
+      {"fencing-observe", FieldKind::fencing_observe},
+      // Near misses.
+      {"Content-Lengt", FieldKind::other},
+      {"Content-Length2", FieldKind::other},
+      {"Content+Length", FieldKind::other},
+      {"Content_Type", FieldKind::other},
+      {"Transfer-Encodinh", FieldKind::other},
+      {"Hos", FieldKind::other},
+      {"X-Forwarded-Host", FieldKind::other},
+      {"Fencing-Token", FieldKind::other},
+      {"Content-L@ngth", FieldKind::other},
+  };
+  for (const auto& c : cases) {
+    INFO(c.name);
+    CHECK(classify_field(c.name) == c.kind);
+  }
+  // The scanner records each field's kind and the set of kinds present.
+  RequestHead h;
+  HeadScan s = scan("POST / HTTP/1.1\r\nHost: a\r\nconnection: close\r\nX-A: 1\r\nContent-Length: 0\r\n\r\n", &h);
+  REQUIRE(s.status == HeadStatus::complete);
+  REQUIRE(h.fields.size() == 4);
+  CHECK(h.fields[0].kind == FieldKind::host);
+  CHECK(h.fields[1].kind == FieldKind::connection);
+  CHECK(h.fields[2].kind == FieldKind::other);
+  CHECK(h.fields[3].kind == FieldKind::content_length);
+  CHECK(h.has(FieldKind::connection));
+  CHECK(h.has(FieldKind::content_length));
+  CHECK_FALSE(h.has(FieldKind::transfer_encoding));
+  CHECK_FALSE(h.has(FieldKind::upgrade));
+}
