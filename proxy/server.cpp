@@ -197,6 +197,28 @@ struct Worker {
   bool trimmed = true;                   // no request since the heap was last trimmed
   std::size_t hot_idle = 0;              // sessions waiting for a request hot (not parked)
   std::vector<std::unique_ptr<Scratch>> scratch;  // free ones, reused LIFO
+  // The idle pool of an upstream. Nearly every request of a worker goes to the same upstream
+  // and resource, so the last lookup of each is kept (map entries are never erased).
+  using Pool = std::vector<std::unique_ptr<UpConn>>;
+  std::string last_upstream;
+  Pool* last_pool = nullptr;
+  Pool& pool(const std::string& upstream) {
+    if (!last_pool || upstream != last_upstream) {
+      last_pool = &idle[upstream];
+      last_upstream = upstream;
+    }
+    return *last_pool;
+  }
+  // The metrics counters of a resource (Metrics keeps them for the process's life).
+  std::string last_resource;
+  ResourceCounters* last_counters = nullptr;
+  ResourceCounters* counters(Metrics& m, const std::string& resource) {
+    if (!last_counters || resource != last_resource) {
+      last_counters = m.resource(resource);
+      last_resource = resource;
+    }
+    return last_counters;
+  }
   void start_watchdog();
   std::unique_ptr<Scratch> lease() {
     if (scratch.empty()) return std::make_unique<Scratch>();
@@ -632,7 +654,8 @@ class Session {
   task<bool> forward(const RequestHead& head, const Framing& fr, std::size_t head_len, const config::Route& route,
                      const std::string& resource, bool client_keep_alive, bool expect_continue,
                      std::shared_ptr<Exchange> ex, const FenceMarks& marks);
-  task<std::unique_ptr<UpConn>> take_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
+  std::unique_ptr<UpConn> pooled_upstream(const config::Route& route);
+  task<std::unique_ptr<UpConn>> connect_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
                                               boost::system::error_code& ec);
   void give_back(const config::Route& route, std::unique_ptr<UpConn> c);
 
@@ -649,7 +672,9 @@ class Session {
   task<boost::system::error_code> read_client(std::size_t want, std::chrono::milliseconds timeout);
 
   const config::Config& cfg() const { return *snap_->cfg; }
-  void count(const std::string& resource, Outcome o) { rt_.metrics.count(resource, o); }
+  void count(const std::string& resource, Outcome o) {
+    w_.counters(rt_.metrics, resource)->by_outcome[static_cast<int>(o)].fetch_add(1, std::memory_order_relaxed);
+  }
 
   ServerState& st_;
   Runtime& rt_;
@@ -1247,17 +1272,21 @@ task<bool> Session::handle(std::size_t head_len) {
                              marks);
 }
 
-task<std::unique_ptr<UpConn>> Session::take_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
-                                                     boost::system::error_code& ec) {
-  auto& pool = w_.idle[route.upstream];
+std::unique_ptr<UpConn> Session::pooled_upstream(const config::Route& route) {
+  auto& pool = w_.pool(route.upstream);
   while (!pool.empty()) {
     auto c = std::move(pool.back());
     pool.pop_back();
     // A connection back from its last exchange moments ago is taken as is; one idle longer is
     // checked first for a close the upstream sent meanwhile (a send into it would fail the
     // request with a 502 rather than reach the upstream).
-    if (c->buf.empty() && (Clock::now() - c->idle_since < kPeekAfterIdle || still_open(c->sock))) co_return c;
+    if (c->buf.empty() && (Clock::now() - c->idle_since < kPeekAfterIdle || still_open(c->sock))) return c;
   }
+  return nullptr;
+}
+
+task<std::unique_ptr<UpConn>> Session::connect_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
+                                                        boost::system::error_code& ec) {
   ex->up = std::make_unique<UpConn>(w_.ioc);  // visible to a drain abort while connecting
   std::vector<tcp::endpoint> endpoints;
   for (const auto& a : snap_->upstreams[snap_->route_index(&route)]) {
@@ -1277,7 +1306,7 @@ task<std::unique_ptr<UpConn>> Session::take_upstream(const config::Route& route,
 }
 
 void Session::give_back(const config::Route& route, std::unique_ptr<UpConn> c) {
-  auto& pool = w_.idle[route.upstream];
+  auto& pool = w_.pool(route.upstream);
   if (pool.size() >= cfg().upstream_idle_per_thread) return;
   c->idle_since = Clock::now();
   pool.push_back(std::move(c));
@@ -1376,7 +1405,8 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   sc_->in.consume(head_len);  // `head` is not used past this point
 
   // Upstream connection.
-  std::unique_ptr<UpConn> conn = co_await take_upstream(route, ex, ec);
+  std::unique_ptr<UpConn> conn = pooled_upstream(route);
+  if (!conn) conn = co_await connect_upstream(route, ex, ec);
   if (ec || ex->aborted) co_return co_await upstream_failed(ec ? ec : net::error::operation_aborted, "connect");
   ex->up = std::move(conn);
   UpConn& up = *ex->up;
