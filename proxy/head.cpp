@@ -62,6 +62,7 @@ FieldKind classify_field(std::string_view n) {
       if (iequals(n, "User-Agent")) return FieldKind::user_agent;
       break;
     case 14:
+      if (n == "Content-Length" || n == "content-length") return FieldKind::content_length;  // the usual spellings
       if (iequals_dashed(n, "Content-Length", &alias))
         return alias ? FieldKind::framing_alias : FieldKind::content_length;
       break;
@@ -73,6 +74,7 @@ FieldKind classify_field(std::string_view n) {
       if (iequals(n, "Proxy-Connection")) return FieldKind::hop_by_hop;
       break;
     case 17:
+      if (n == "Transfer-Encoding" || n == "transfer-encoding") return FieldKind::transfer_encoding;
       if (iequals_dashed(n, "Transfer-Encoding", &alias))
         return alias ? FieldKind::framing_alias : FieldKind::transfer_encoding;
       break;
@@ -100,6 +102,27 @@ HeadScan bad(std::string reason) {
 
 inline bool is_field_vchar(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
 
+// True iff every byte of `v` is a field-value byte. Eight bytes at a time: a block with no byte
+// below 0x20 and no 0x7f is fine as a whole; any other block is checked byte by byte.
+bool all_field_vchars(std::string_view v) {
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  const std::size_t n = v.size();
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::uint64_t x;
+    std::memcpy(&x, p + i, 8);
+    const std::uint64_t below_space = (x - 0x2020202020202020ULL) & ~x & 0x8080808080808080ULL;
+    const std::uint64_t y = x ^ 0x7f7f7f7f7f7f7f7fULL;
+    const std::uint64_t del = (y - 0x0101010101010101ULL) & ~y & 0x8080808080808080ULL;
+    if ((below_space | del) == 0) continue;
+    for (std::size_t j = i; j < i + 8; ++j)
+      if (!is_field_vchar(p[j])) return false;
+  }
+  for (; i < n; ++i)
+    if (!is_field_vchar(p[i])) return false;
+  return true;
+}
+
 // Parses the field lines of `head` (every line ends in CRLF) from `pos` on. Returns nullptr, or
 // why the block is refused.
 const char* scan_fields(std::string_view head, std::size_t pos, std::vector<HeadField>* fields,
@@ -112,14 +135,17 @@ const char* scan_fields(std::string_view head, std::size_t pos, std::vector<Head
     if (line.empty()) return "malformed header block";
     unsigned char first = static_cast<unsigned char>(line[0]);
     if (first == ' ' || first == '\t') return "obsolete line folding in a header";
-    std::size_t colon = line.find(':');
-    if (colon == std::string_view::npos || colon == 0) return "header line without a field name";
+    // The name is the run of token characters; it must end at a colon.
+    std::size_t colon = 0;
+    while (colon < line.size() && is_tchar(static_cast<unsigned char>(line[colon]))) ++colon;
+    if (colon == 0 || colon == line.size() || line[colon] != ':') {
+      const std::size_t c = line.find(':');
+      if (c == std::string_view::npos || c == 0) return "header line without a field name";
+      return "invalid character in header field name";
+    }
     std::string_view name = line.substr(0, colon);
-    for (unsigned char c : name)
-      if (!is_tchar(c)) return "invalid character in header field name";
     std::string_view value = line.substr(colon + 1);
-    for (unsigned char c : value)
-      if (!is_field_vchar(c)) return "invalid character in header field value";
+    if (!all_field_vchars(value)) return "invalid character in header field value";
     while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
     while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
     const FieldKind kind = classify_field(name);

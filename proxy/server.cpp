@@ -413,7 +413,17 @@ void append(std::string& out, const Parts&... parts) {
 }
 
 void append_field(std::string& out, std::string_view name, std::string_view value) {
-  append(out, name, std::string_view(": "), value, std::string_view("\r\n"));
+  const std::size_t at = out.size();
+  out.resize(at + name.size() + value.size() + 4);
+  char* p = out.data() + at;
+  std::memcpy(p, name.data(), name.size());
+  p += name.size();
+  *p++ = ':';
+  *p++ = ' ';
+  std::memcpy(p, value.data(), value.size());
+  p += value.size();
+  *p++ = '\r';
+  *p = '\n';
 }
 
 // Decimal digits of v (no allocation).

@@ -402,3 +402,28 @@ TEST_CASE("classify_field: every special field in any letter case, and near miss
   CHECK_FALSE(h.has(FieldKind::transfer_encoding));
   CHECK_FALSE(h.has(FieldKind::upgrade));
 }
+
+// Field values are checked eight bytes at a time; a bad byte must be found at every offset of
+// a block and in the tail, and the bytes a value may hold must pass wherever they are.
+TEST_CASE("scan_request_head: a control byte anywhere in a field value is refused") {
+  for (std::size_t len : {1u, 7u, 8u, 9u, 15u, 16u, 17u, 31u}) {
+    for (std::size_t at = 0; at < len; ++at) {
+      for (int bad : {0x01, 0x08, 0x0b, 0x1f, 0x7f}) {
+        std::string value(len, 'v');
+        value[at] = static_cast<char>(bad);
+        RequestHead h;
+        HeadScan s = scan("GET / HTTP/1.1\r\nHost: a\r\nX-V: " + value + "\r\n\r\n", &h);
+        INFO("len ", len, " at ", at, " byte ", int(bad));
+        CHECK(s.status == HeadStatus::bad);
+      }
+      for (int good : {0x09, 0x20, 0x7e, 0x80, 0xff}) {
+        std::string value(len, 'v');
+        value[at] = static_cast<char>(good);
+        RequestHead h;
+        HeadScan s = scan("GET / HTTP/1.1\r\nHost: a\r\nX-V: x" + value + "x\r\n\r\n", &h);
+        INFO("len ", len, " at ", at, " byte ", int(good));
+        CHECK(s.status == HeadStatus::complete);
+      }
+    }
+  }
+}
