@@ -125,8 +125,7 @@ static void link(FenceResource* r, InflightNode* n) {
   ++r->inflight;
 }
 
-bool Fence::decide_now(const std::string& resource, std::int64_t g, InflightNode* node, Decision* now) {
-  FenceResource* r = find_or_create(resource);
+bool Fence::decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Decision* now) {
   if (!r) {
     *now = Decision{Verdict::overloaded, 0, 0, false};
     return true;

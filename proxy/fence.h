@@ -104,7 +104,14 @@ class Fence {
   // without waiting: stale, the fast path (g is the stored generation; enforce links the node),
   // overloaded. Returns true with *now set; false when that call would have to wait (an advance
   // is due or under way), and then nothing has changed. Allocates nothing.
-  bool decide_now(const std::string& resource, std::int64_t g, InflightNode* node, Decision* now);
+  bool decide_now(const std::string& resource, std::int64_t g, InflightNode* node, Decision* now) {
+    return decide_now(find_or_create(resource), g, node, now);
+  }
+  // The same for a resource found before (find()); nullptr decides overloaded.
+  bool decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Decision* now);
+  // The resource's state, made on first use; nullptr iff over max_resources. Never freed while
+  // the Fence lives, so callers may keep the pointer.
+  FenceResource* find(const std::string& resource) { return find_or_create(resource); }
 
   // REQUIRES: node was linked by admit(). Safe to call more than once.
   void release(InflightNode* node);

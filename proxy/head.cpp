@@ -61,10 +61,14 @@ FieldKind classify_field(std::string_view n) {
       if (iequals(n, "Keep-Alive")) return FieldKind::hop_by_hop;
       if (iequals(n, "User-Agent")) return FieldKind::user_agent;
       break;
+    case 13:
+      if (iequals(n, "Fencing-Token")) return FieldKind::fencing_token;
+      break;
     case 14:
       if (n == "Content-Length" || n == "content-length") return FieldKind::content_length;  // the usual spellings
       if (iequals_dashed(n, "Content-Length", &alias))
         return alias ? FieldKind::framing_alias : FieldKind::content_length;
+      if (iequals(n, "Fencing-Leader")) return FieldKind::fencing_leader;
       break;
     case 15:
       if (iequals(n, "X-Forwarded-For")) return FieldKind::x_forwarded_for;

@@ -37,6 +37,8 @@ enum class FieldKind : std::uint8_t {
   user_agent,
   fencing_generation,
   fencing_observe,
+  fencing_token,   // under its default name; a configured other name is looked up with count()
+  fencing_leader,  // likewise
 };
 inline constexpr std::uint32_t kind_bit(FieldKind k) { return 1u << static_cast<unsigned>(k); }
 

@@ -209,6 +209,17 @@ struct Worker {
     }
     return *last_pool;
   }
+  // The fence state of a resource (the Fence keeps it for its life; nullptr: over the cap,
+  // which is looked up again next time).
+  std::string last_fenced;
+  FenceResource* last_fence = nullptr;
+  FenceResource* fence_resource(Fence& f, const std::string& resource) {
+    if (!last_fence || resource != last_fenced) {
+      last_fence = f.find(resource);
+      last_fenced = resource;
+    }
+    return last_fence;
+  }
   // The metrics counters of a resource (Metrics keeps them for the process's life).
   std::string last_resource;
   ResourceCounters* last_counters = nullptr;
@@ -1027,8 +1038,18 @@ task<bool> Session::handle(std::size_t head_len) {
   auto ex = std::make_shared<Exchange>(rt_.fence);
   if (fenced) {
     std::string_view tv, lv;
-    std::size_t nt = head.count(cfg.token_header, &tv);
-    std::size_t nl = head.count(cfg.leader_header, &lv);
+    std::size_t nt = 0, nl = 0;
+    if (cfg.token_header == "Fencing-Token" && cfg.leader_header == "Fencing-Leader") {
+      // The default names: the scanner has marked these fields already.
+      if (head.has(FieldKind::fencing_token) || head.has(FieldKind::fencing_leader))
+        for (const auto& f : head.fields) {
+          if (f.kind == FieldKind::fencing_token && nt++ == 0) tv = f.value;
+          if (f.kind == FieldKind::fencing_leader && nl++ == 0) lv = f.value;
+        }
+    } else {
+      nt = head.count(cfg.token_header, &tv);
+      nl = head.count(cfg.leader_header, &lv);
+    }
     TokenState ts = TokenState::ok;
     std::string why;
     std::int64_t g = 0;
@@ -1209,7 +1230,7 @@ task<bool> Session::handle(std::size_t head_len) {
         };
       }
       // Most writes are decided at once (the fast path, or stale); only an advance waits.
-      if (!rt_.fence.decide_now(m.resource, g, enforce ? &ex->node : nullptr, &d)) {
+      if (!rt_.fence.decide_now(w_.fence_resource(rt_.fence, m.resource), g, enforce ? &ex->node : nullptr, &d)) {
         auto slot = std::make_shared<Slot<Decision>>(w_);
         net::io_context& ioc = w_.ioc;
         auto later = [slot, &ioc](Decision dd) { Slot<Decision>::fulfil(slot, ioc, dd); };

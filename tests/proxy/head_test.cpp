@@ -373,6 +373,9 @@ TEST_CASE("classify_field: every special field in any letter case, and near miss
       {"User-Agent", FieldKind::user_agent},
       {"Fencing-Generation", FieldKind::fencing_generation},
       {"fencing-observe", FieldKind::fencing_observe},
+      {"Fencing-Token", FieldKind::fencing_token},
+      {"FENCING-TOKEN", FieldKind::fencing_token},
+      {"fencing-leader", FieldKind::fencing_leader},
       // Near misses.
       {"Content-Lengt", FieldKind::other},
       {"Content-Length2", FieldKind::other},
@@ -381,7 +384,7 @@ TEST_CASE("classify_field: every special field in any letter case, and near miss
       {"Transfer-Encodinh", FieldKind::other},
       {"Hos", FieldKind::other},
       {"X-Forwarded-Host", FieldKind::other},
-      {"Fencing-Token", FieldKind::other},
+      {"Fencing-Tokens", FieldKind::other},
       {"Content-L@ngth", FieldKind::other},
   };
   for (const auto& c : cases) {
