@@ -22,6 +22,7 @@
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <array>
@@ -444,6 +445,45 @@ struct Decimal {
   char buf[24];
   std::size_t len;
 };
+
+// Sends as much of `bufs` as the kernel takes right now, straight from this thread (the socket
+// is non-blocking). Returns true iff all of it went: the common case, which then costs one
+// sendmsg and no reactor operation, completion post or coroutine suspension. Otherwise `bufs`
+// is advanced past what went and the caller writes the rest through Asio; *ec is set on a hard
+// error (a full socket buffer is not one).
+template <class Buffers>
+bool send_now(Socket& s, Buffers& bufs, boost::system::error_code& ec) {
+  ec.clear();  // like the write it replaces: *ec says how this send went, nothing earlier
+  std::array<iovec, kMaxGather + 4> iov;
+  std::size_t n = 0, total = 0;
+  for (const net::const_buffer& b : bufs) {
+    if (b.size() == 0) continue;
+    if (n == iov.size()) return false;  // more pieces than one call takes: all through Asio
+    iov[n].iov_base = const_cast<void*>(b.data());
+    iov[n].iov_len = b.size();
+    total += b.size();
+    ++n;
+  }
+  if (total == 0) return true;
+  msghdr msg{};
+  msg.msg_iov = iov.data();
+  msg.msg_iovlen = n;
+  ssize_t r;
+  do r = ::sendmsg(s.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    if (errno != EAGAIN && errno != EWOULDBLOCK) ec.assign(errno, boost::system::system_category());
+    return false;
+  }
+  if (static_cast<std::size_t>(r) == total) return true;
+  std::size_t skip = static_cast<std::size_t>(r);
+  for (net::const_buffer& b : bufs) {
+    const std::size_t k = std::min(skip, b.size());
+    b += k;
+    skip -= k;
+  }
+  return false;
+}
 
 // A gather write of a relayed body: [the message head], a slot for a chunk-size line, then the
 // body's data runs. Returns the slot's index.
@@ -1457,7 +1497,8 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     std::uint64_t left = fr.content_length.value_or(0);
     std::size_t pre = static_cast<std::size_t>(std::min<std::uint64_t>(left, sc_->in.size()));
     arm(cfg.upstream_timeout);
-    co_await net::async_write(up.sock, std::array<net::const_buffer, 2>{net::buffer(sc_->out), net::buffer(sc_->in.view().data(), pre)}, net::redirect_error(use_task, ec));
+    std::array<net::const_buffer, 2> b{net::buffer(sc_->out), net::buffer(sc_->in.view().data(), pre)};
+    if (!send_now(up.sock, b, ec) && !ec) co_await net::async_write(up.sock, b, net::redirect_error(use_task, ec));
     ec = settle(ec);
     if (ec) co_return co_await upstream_failed(ec, "send");
     sc_->in.consume(pre);
@@ -1485,7 +1526,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       frame_chunk(gather, size_slot, frame, total, dec.done());
       if (!head_sent || total || dec.done()) {
         arm(cfg.upstream_timeout);
-        co_await net::async_write(up.sock, gather, net::redirect_error(use_task, ec));
+        if (!send_now(up.sock, gather, ec) && !ec) co_await net::async_write(up.sock, gather, net::redirect_error(use_task, ec));
         ec = settle(ec);
         if (ec) co_return co_await upstream_failed(ec, "send");
         head_sent = true;
@@ -1640,7 +1681,10 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     case Body::none:
       exchange_over();
       arm(cfg.body_timeout);
-      co_await net::async_write(client_, net::buffer(sc_->out), net::redirect_error(use_task, ec));
+      {
+        std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+        if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+      }
       if (settle(ec)) co_return false;
       break;
     case Body::length: {
@@ -1653,7 +1697,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
                                            net::buffer(up.buf.view().data(), n)};
         if (!head_sent || n) {
           arm(cfg.body_timeout);
-          co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+          if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
           if (settle(ec)) co_return false;
           head_sent = true;
         }
@@ -1689,7 +1733,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
         if (chunk_out) frame_chunk(gather, size_slot, frame, total, done);  // else the runs go raw
         if (!head_sent || total || (done && chunk_out)) {
           arm(cfg.body_timeout);
-          co_await net::async_write(client_, gather, net::redirect_error(use_task, ec));
+          if (!send_now(client_, gather, ec) && !ec) co_await net::async_write(client_, gather, net::redirect_error(use_task, ec));
           if (settle(ec)) co_return false;
           head_sent = true;
         }
