@@ -106,50 +106,52 @@ HeadScan bad(std::string reason) {
 
 inline bool is_field_vchar(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
 
-// True iff every byte of `v` is a field-value byte. Eight bytes at a time: a block with no byte
-// below 0x20 and no 0x7f is fine as a whole; any other block is checked byte by byte.
-bool all_field_vchars(std::string_view v) {
-  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
-  const std::size_t n = v.size();
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    std::uint64_t x;
-    std::memcpy(&x, p + i, 8);
-    const std::uint64_t below_space = (x - 0x2020202020202020ULL) & ~x & 0x8080808080808080ULL;
-    const std::uint64_t y = x ^ 0x7f7f7f7f7f7f7f7fULL;
-    const std::uint64_t del = (y - 0x0101010101010101ULL) & ~y & 0x8080808080808080ULL;
-    if ((below_space | del) == 0) continue;
-    for (std::size_t j = i; j < i + 8; ++j)
-      if (!is_field_vchar(p[j])) return false;
-  }
-  for (; i < n; ++i)
-    if (!is_field_vchar(p[i])) return false;
-  return true;
+// Eight bytes of field-value text (no byte below 0x20, none 0x7f)? A block that fails holds a
+// CR (the value's end), a tab, or a byte a value may not hold; it is then looked at byte by byte.
+inline bool plain_block(const char* p) {
+  std::uint64_t x;
+  std::memcpy(&x, p, 8);
+  const std::uint64_t below_space = (x - 0x2020202020202020ULL) & ~x & 0x8080808080808080ULL;
+  const std::uint64_t y = x ^ 0x7f7f7f7f7f7f7f7fULL;
+  const std::uint64_t del = (y - 0x0101010101010101ULL) & ~y & 0x8080808080808080ULL;
+  return (below_space | del) == 0;
 }
 
-// Parses the field lines of `head` (every line ends in CRLF) from `pos` on. Returns nullptr, or
-// why the block is refused.
+// Why the field line at `at` (its name does not end at a colon) is refused.
+const char* bad_name(std::string_view head, std::size_t at) {
+  std::string_view line = head.substr(at, head.find("\r\n", at) - at);
+  if (line.empty()) return "malformed header block";
+  const std::size_t c = line.find(':');
+  if (c == std::string_view::npos || c == 0) return "header line without a field name";
+  return "invalid character in header field name";
+}
+
+// Parses the field lines of `head` (every line ends in CRLF) from `pos` on, in one pass: a
+// name is the run of token characters up to its colon, a value runs (checked eight bytes at a
+// time) up to the CR of its line's CRLF. Returns nullptr, or why the block is refused.
 const char* scan_fields(std::string_view head, std::size_t pos, std::vector<HeadField>* fields,
                         std::uint32_t* kinds) {
   *kinds = 0;
-  while (pos < head.size()) {
-    std::size_t e = head.find("\r\n", pos);
-    std::string_view line = head.substr(pos, e - pos);
-    pos = e + 2;
-    if (line.empty()) return "malformed header block";
-    unsigned char first = static_cast<unsigned char>(line[0]);
+  const char* const base = head.data();
+  const std::size_t size = head.size();
+  while (pos < size) {
+    const unsigned char first = static_cast<unsigned char>(base[pos]);
     if (first == ' ' || first == '\t') return "obsolete line folding in a header";
-    // The name is the run of token characters; it must end at a colon.
-    std::size_t colon = 0;
-    while (colon < line.size() && is_tchar(static_cast<unsigned char>(line[colon]))) ++colon;
-    if (colon == 0 || colon == line.size() || line[colon] != ':') {
-      const std::size_t c = line.find(':');
-      if (c == std::string_view::npos || c == 0) return "header line without a field name";
-      return "invalid character in header field name";
+    std::size_t i = pos;
+    while (i < size && is_tchar(static_cast<unsigned char>(base[i]))) ++i;
+    if (i == pos || i == size || base[i] != ':') return bad_name(head, pos);
+    const std::string_view name(base + pos, i - pos);
+    const std::size_t v = i + 1;
+    std::size_t j = v;
+    for (;;) {
+      while (j + 8 <= size && plain_block(base + j)) j += 8;
+      const std::size_t stop = std::min(j + 8, size);
+      while (j < stop && is_field_vchar(static_cast<unsigned char>(base[j]))) ++j;
+      if (j < stop || j == size) break;
     }
-    std::string_view name = line.substr(0, colon);
-    std::string_view value = line.substr(colon + 1);
-    if (!all_field_vchars(value)) return "invalid character in header field value";
+    if (j + 1 >= size || base[j] != '\r' || base[j + 1] != '\n') return "invalid character in header field value";
+    std::string_view value(base + v, j - v);
+    pos = j + 2;
     while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
     while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
     const FieldKind kind = classify_field(name);
