@@ -419,6 +419,7 @@ void append(std::string& out, const Parts&... parts) {
   std::size_t at = out.size();
   out.resize(at + n);
   for (auto v : views) {
+    if (v.empty()) continue;  // an empty view may have no data pointer at all
     std::memcpy(out.data() + at, v.data(), v.size());
     at += v.size();
   }
@@ -428,11 +429,11 @@ void append_field(std::string& out, std::string_view name, std::string_view valu
   const std::size_t at = out.size();
   out.resize(at + name.size() + value.size() + 4);
   char* p = out.data() + at;
-  std::memcpy(p, name.data(), name.size());
+  if (!name.empty()) std::memcpy(p, name.data(), name.size());
   p += name.size();
   *p++ = ':';
   *p++ = ' ';
-  std::memcpy(p, value.data(), value.size());
+  if (!value.empty()) std::memcpy(p, value.data(), value.size());
   p += value.size();
   *p++ = '\r';
   *p = '\n';
@@ -805,7 +806,11 @@ void Worker::start_watchdog() {
       scratch.clear();
       for (auto& [_, pool] : idle)
         for (auto& c : pool) c->buf.release();
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+      // (Sanitizer builds bring their own allocator: glibc's malloc_trim would walk arenas that
+      // were never set up, and crash.)
       ::malloc_trim(0);
+#endif
     }
     start_watchdog();
   });
