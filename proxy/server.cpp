@@ -71,7 +71,10 @@ constexpr std::size_t kMaxResponseHeader = 64 * 1024;
 constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this are skipped, not fatal
 constexpr auto kWatchdogTick = std::chrono::milliseconds(20);
 constexpr auto kHotIdle = std::chrono::milliseconds(50);  // idle reads keep their buffer this long
-constexpr std::size_t kMaxHotIdle = 256;                  // ... on at most this many connections per worker
+constexpr std::size_t kMaxHotIdle = 4096;                 // ... on at most this many connections per worker
+constexpr std::size_t kReservedSockets = 2048;            // Asio socket states made at start, per worker
+constexpr std::size_t kPoolBurst = 1024;                  // pooled upstreams kept beyond the setting ...
+constexpr auto kPoolBurstIdle = std::chrono::seconds(1);  // ... while idle less than this
 constexpr auto kPeekAfterIdle = std::chrono::milliseconds(100);  // pooled upstreams idle longer are probed
 constexpr std::size_t kMaxGather = 32;
 constexpr std::size_t kScratchPool = 64;  // free Scratch kept per worker               // chunk data runs re-framed per write
@@ -194,7 +197,8 @@ struct Worker {
   std::unordered_map<std::string, std::vector<std::unique_ptr<UpConn>>> idle;
   Timer watchdog{ioc.get_executor()};
   std::uint64_t requests = 0;            // started on this worker
-  std::uint64_t requests_at_tick = 0;    // ... as of the previous watchdog tick
+  std::uint64_t activity = 0;            // requests started and connections parked
+  std::uint64_t activity_at_tick = 0;    // ... as of the previous watchdog tick
   bool trimmed = true;                   // no request since the heap was last trimmed
   std::size_t hot_idle = 0;              // sessions waiting for a request hot (not parked)
   std::vector<std::unique_ptr<Scratch>> scratch;  // free ones, reused LIFO
@@ -203,6 +207,16 @@ struct Worker {
   using Pool = std::vector<std::unique_ptr<UpConn>>;
   std::string last_upstream;
   Pool* last_pool = nullptr;
+  std::size_t pool_keep = 0;  // upstream_idle_per_thread as of the last give-back
+  // Closes pooled connections beyond pool_keep that have been idle for kPoolBurstIdle (the
+  // oldest are at the front).
+  void close_burst_surplus(Clock::time_point now) {
+    for (auto& [_, pool] : idle) {
+      std::size_t n = 0;
+      while (pool.size() - n > pool_keep && now - pool[n]->idle_since >= kPoolBurstIdle) ++n;
+      if (n) pool.erase(pool.begin(), pool.begin() + static_cast<std::ptrdiff_t>(n));
+    }
+  }
   Pool& pool(const std::string& upstream) {
     if (!last_pool || upstream != last_upstream) {
       last_pool = &idle[upstream];
@@ -643,6 +657,8 @@ class Session {
       else s->w_.give_back(std::move(s->sc_));  // and the session closes
     });
   }
+  // The descriptor leaves the reactor for the worker's epoll set of parked connections, and
+  // only the session (in its block) remains.
   static void park(std::unique_ptr<Session> s) {
     if (s->rt_.stopping.load(std::memory_order_relaxed)) return;  // closes
     boost::system::error_code ec;
@@ -657,6 +673,7 @@ class Session {
       return;
     }
     s->parked_fd_ = fd;
+    ++s->w_.activity;
     s.release();  // owned by the worker's list while parked
   }
   // The parked connection is readable (or closed by the client): run it again.
@@ -763,6 +780,21 @@ Worker::Worker() {
   if (ep < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
   parked.assign(ep);
   watch_parked();
+  // Asio keeps one small state block per registered socket, pooled for reuse but never freed.
+  // Blocks made during a burst of connections land between that burst's request buffers and
+  // frames and keep those heap pages resident after the burst; made here, up front, a worker's
+  // first kReservedSockets blocks sit together instead.
+  {
+    std::vector<Socket> reserve;
+    reserve.reserve(kReservedSockets);
+    for (std::size_t i = 0; i < kReservedSockets; ++i) {
+      boost::system::error_code ec;
+      Socket s(ioc.get_executor());
+      s.open(tcp::v4(), ec);
+      if (ec) break;
+      reserve.push_back(std::move(s));
+    }
+  }  // closed: their state blocks go to Asio's free pool
 }
 
 Worker::~Worker() {
@@ -794,11 +826,13 @@ void Worker::start_watchdog() {
   watchdog.async_wait([this](boost::system::error_code ec) {
     if (ec) return;
     Session::check_deadlines(*this, Clock::now());
+    close_burst_surplus(Clock::now());
     // A burst of requests leaves freed frames and buffers between the small allocations that
     // idle connections keep; once the worker has gone quiet, hand those pages back to the
-    // system (never under load: only after a whole tick without a new request).
-    if (requests != requests_at_tick) {
-      requests_at_tick = requests;
+    // system (never under load: only after a whole tick without a new request, and after the
+    // connections those requests left idle have parked and freed their buffers).
+    if (activity != activity_at_tick) {
+      activity_at_tick = activity;
       trimmed = false;
     } else if (!trimmed) {
       trimmed = true;
@@ -939,6 +973,7 @@ void Session::begin_request() {
   }
   st_.active_requests.fetch_add(1, std::memory_order_relaxed);
   ++w_.requests;
+  ++w_.activity;
   if (w_.waits_elsewhere) w_.offer_cpu();
 }
 
@@ -1382,8 +1417,14 @@ task<std::unique_ptr<UpConn>> Session::connect_upstream(const config::Route& rou
 }
 
 void Session::give_back(const config::Route& route, std::unique_ptr<UpConn> c) {
+  // upstream_idle_per_thread connections are kept; during a burst up to kPoolBurst more are,
+  // for kPoolBurstIdle each (the watchdog closes them): a burst of concurrent exchanges larger
+  // than the pool would otherwise close and reconnect upstream connections on every request.
+  const std::size_t keep = cfg().upstream_idle_per_thread;
+  if (keep == 0) return;
+  w_.pool_keep = keep;
   auto& pool = w_.pool(route.upstream);
-  if (pool.size() >= cfg().upstream_idle_per_thread) return;
+  if (pool.size() >= keep + kPoolBurst) return;
   c->idle_since = Clock::now();
   pool.push_back(std::move(c));
 }

@@ -79,3 +79,38 @@ TEST_CASE("upstream closing its connections after each response does not break l
 }
 
 }  // TEST_SUITE
+
+// The upstream pool keeps upstream_idle_per_thread connections; a burst of concurrent exchanges
+// beyond that keeps its extra connections for about a second (so the next burst reuses them
+// instead of reconnecting on every request), after which the surplus is closed.
+TEST_CASE("upstream pool: a burst reuses its connections, and the surplus is closed after a second idle") {
+  RecordingUpstream up([](const RecordedRequest&) { return UpstreamAction::delayed(150); });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.threads = 1;  // one pool
+  spec.args = {"--upstream-idle-per-thread", "2"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  constexpr int kBurst = 12;
+  auto burst = [&](const std::string& name) {
+    std::vector<std::thread> ts;
+    std::atomic<int> ok{0};
+    for (int i = 0; i < kBurst; ++i)
+      ts.emplace_back([&, i] { ok += is_2xx(request(px.port(), "GET", "/" + name + std::to_string(i))); });
+    for (auto& t : ts) t.join();
+    return ok.load();
+  };
+  REQUIRE(burst("a") == kBurst);
+  const std::size_t after_first = up.connections_accepted();
+  CHECK(after_first >= kBurst - 1);  // the delay makes the exchanges overlap
+  REQUIRE(burst("b") == kBurst);
+  const std::size_t after_second = up.connections_accepted();
+  INFO("upstream connections after bursts: ", after_first, ", ", after_second);
+  CHECK(after_second - after_first <= 2);  // reused, not reconnected
+  std::this_thread::sleep_for(1800ms);     // idle past the burst allowance: only 2 stay pooled
+  REQUIRE(burst("c") == kBurst);
+  const std::size_t after_third = up.connections_accepted();
+  INFO("after the idle pause: ", after_third);
+  CHECK(after_third - after_second >= kBurst - 4);
+}
