@@ -178,6 +178,23 @@ struct Scratch {
   store::AuditRow row;
 };
 
+// The result of the last lookup by name, kept: nearly every request of a worker goes to the
+// same upstream and resource. For lookups whose results live as long as the worker (map entries
+// that are never erased). A null result is looked up again next time.
+template <class T>
+struct LastLookup {
+  std::string name;
+  T* value = nullptr;
+  template <class Find>
+  T* get(const std::string& n, Find&& find) {
+    if (!value || n != name) {
+      value = find(n);
+      name = n;
+    }
+    return value;
+  }
+};
+
 struct Worker {
   Worker();
   ~Worker();  // closes the parked connections
@@ -202,11 +219,10 @@ struct Worker {
   bool trimmed = true;                   // no request since the heap was last trimmed
   std::size_t hot_idle = 0;              // sessions waiting for a request hot (not parked)
   std::vector<std::unique_ptr<Scratch>> scratch;  // free ones, reused LIFO
-  // The idle pool of an upstream. Nearly every request of a worker goes to the same upstream
-  // and resource, so the last lookup of each is kept (map entries are never erased).
   using Pool = std::vector<std::unique_ptr<UpConn>>;
-  std::string last_upstream;
-  Pool* last_pool = nullptr;
+  LastLookup<Pool> last_pool;
+  LastLookup<FenceResource> last_fence;
+  LastLookup<ResourceCounters> last_counters;
   std::size_t pool_keep = 0;  // upstream_idle_per_thread as of the last give-back
   // Closes pooled connections beyond pool_keep that have been idle for kPoolBurstIdle (the
   // oldest are at the front).
@@ -217,33 +233,17 @@ struct Worker {
       if (n) pool.erase(pool.begin(), pool.begin() + static_cast<std::ptrdiff_t>(n));
     }
   }
+  // The idle pool of an upstream.
   Pool& pool(const std::string& upstream) {
-    if (!last_pool || upstream != last_upstream) {
-      last_pool = &idle[upstream];
-      last_upstream = upstream;
-    }
-    return *last_pool;
+    return *last_pool.get(upstream, [this](const std::string& u) { return &idle[u]; });
   }
-  // The fence state of a resource (the Fence keeps it for its life; nullptr: over the cap,
-  // which is looked up again next time).
-  std::string last_fenced;
-  FenceResource* last_fence = nullptr;
+  // The fence state of a resource (the Fence keeps it for its life; nullptr: over the cap).
   FenceResource* fence_resource(Fence& f, const std::string& resource) {
-    if (!last_fence || resource != last_fenced) {
-      last_fence = f.find(resource);
-      last_fenced = resource;
-    }
-    return last_fence;
+    return last_fence.get(resource, [&f](const std::string& r) { return f.find(r); });
   }
   // The metrics counters of a resource (Metrics keeps them for the process's life).
-  std::string last_resource;
-  ResourceCounters* last_counters = nullptr;
   ResourceCounters* counters(Metrics& m, const std::string& resource) {
-    if (!last_counters || resource != last_resource) {
-      last_counters = m.resource(resource);
-      last_resource = resource;
-    }
-    return last_counters;
+    return last_counters.get(resource, [&m](const std::string& r) { return m.resource(r); });
   }
   void start_watchdog();
   std::unique_ptr<Scratch> lease() {
