@@ -29,6 +29,8 @@
 #include <charconv>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <boost/asio/any_completion_handler.hpp>
+#include <list>
 #include <csignal>
 #include <cstring>
 #include <mutex>
@@ -281,32 +283,84 @@ struct Worker {
       offer_cpu();
     });
   }
+
+  // Results made on other threads for sessions of this worker (Slot::fulfil). Posted to ioc, each
+  // would queue behind every handler already ready (under load, a whole pass through the busy
+  // connections) and then behind a second pass for the session's own wake-up. Instead they are
+  // run at the next request start on this worker (begin_request), or by one posted handler if
+  // that comes first (an idle worker), and each resumes its session directly.
+  // Any thread:
+  void deliver(std::function<void()> f) {
+    bool first = false;
+    {
+      std::lock_guard lk(delivered_mu);
+      first = delivered.empty();
+      delivered.push_back(std::move(f));
+      has_delivered.store(true, std::memory_order_release);
+    }
+    // Non-empty means an earlier post has not run yet: it takes this one too.
+    if (first) net::post(ioc, [this] { run_delivered(); });
+  }
+  // The worker's thread: runs what was delivered so far (cheap when nothing was).
+  void run_delivered() {
+    if (!has_delivered.load(std::memory_order_acquire)) return;
+    std::vector<std::function<void()>> batch;  // local: a resumed session may come back here
+    {
+      std::lock_guard lk(delivered_mu);
+      batch.swap(delivered);
+      has_delivered.store(false, std::memory_order_relaxed);
+    }
+    for (auto& f : batch) f();
+  }
+  std::mutex delivered_mu;
+  std::vector<std::function<void()>> delivered;  // guarded by delivered_mu
+  std::atomic<bool> has_delivered{false};
+  // Sessions suspended in Slot::wait(), by their resumptions. Owned here, so that a worker torn
+  // down with sessions still waiting destroys them (their coroutine frames hold the Slot) first,
+  // while everything they use is still there: keep this the last member.
+  using Suspended = std::list<net::any_completion_handler<void()>>;
+  Suspended suspended;
+  Suspended::iterator suspend(net::any_completion_handler<void()> h) {
+    return suspended.insert(suspended.end(), std::move(h));
+  }
+  void resume(Suspended::iterator it) {
+    auto h = std::move(*it);
+    suspended.erase(it);
+    std::move(h)();
+  }
 };
 
-// A value produced on another thread and awaited by a session coroutine on its io_context.
+// A value made on another thread (the store's durable commit, a fence decision) for a session of
+// this worker, which waits for it in wait(). The value is handed over by Worker::deliver() and
+// the session resumes directly from the delivery, not through the io_context's queue.
 template <class T>
 struct Slot {
-  explicit Slot(Worker& w) : worker(w), timer(w.ioc.get_executor(), Timer::time_point::max()) {}
+  explicit Slot(Worker& w) : worker(w) {}
   Worker& worker;
-  Timer timer;
+  // On the worker's thread only.
   std::optional<T> value;
+  std::optional<Worker::Suspended::iterator> waiter;  // the session's resumption while it waits
 
-  // Called from any thread: hands the value to the session's thread and wakes it.
-  static void fulfil(const std::shared_ptr<Slot>& s, net::io_context& ioc, T v) {
-    net::post(ioc, [s, v = std::move(v)]() mutable {
+  // Called from any thread, once.
+  static void fulfil(const std::shared_ptr<Slot>& s, T v) {
+    s->worker.deliver([s, v = std::move(v)]() mutable {
       s->value = std::move(v);
-      s->timer.cancel();
+      if (s->waiter) {
+        auto it = *s->waiter;
+        s->waiter.reset();
+        s->worker.resume(it);
+      }
     });
   }
   task<T> wait() {
-    if (value) co_return std::move(*value);
-    ++worker.waits_elsewhere;
-    worker.offer_cpu();
-    while (!value) {
-      boost::system::error_code ec;
-      co_await timer.async_wait(net::redirect_error(use_task, ec));
+    if (!value) {
+      ++worker.waits_elsewhere;
+      worker.offer_cpu();
+      // The initiation runs once the coroutine is suspended; delivery resumes it.
+      co_await net::async_initiate<const net::use_awaitable_t<Executor>&, void()>(
+          [this](auto handler) { waiter = worker.suspend(std::move(handler)); }, use_task);
+      --worker.waits_elsewhere;
     }
-    --worker.waits_elsewhere;
     co_return std::move(*value);
   }
 };
@@ -974,6 +1028,7 @@ void Session::begin_request() {
   st_.active_requests.fetch_add(1, std::memory_order_relaxed);
   ++w_.requests;
   ++w_.activity;
+  w_.run_delivered();  // results for waiting sessions go first
   if (w_.waits_elsewhere) w_.offer_cpu();
 }
 
@@ -1012,8 +1067,7 @@ task<bool> Session::discard(std::uint64_t n) {
 
 task<store::Status> Session::audit_sync(store::AuditRow& row) {
   auto slot = std::make_shared<Slot<store::Status>>(w_);
-  net::io_context& ioc = w_.ioc;
-  rt_.store.append_audit(std::move(row), [slot, &ioc](store::Status st) { Slot<store::Status>::fulfil(slot, ioc, std::move(st)); });
+  rt_.store.append_audit(std::move(row), [slot](store::Status st) { Slot<store::Status>::fulfil(slot, std::move(st)); });
   co_return co_await slot->wait();
 }
 
@@ -1312,8 +1366,7 @@ task<bool> Session::handle(std::size_t head_len) {
       // Most writes are decided at once (the fast path, or stale); only an advance waits.
       if (!rt_.fence.decide_now(w_.fence_resource(rt_.fence, m.resource), g, enforce ? &ex->node : nullptr, &d)) {
         auto slot = std::make_shared<Slot<Decision>>(w_);
-        net::io_context& ioc = w_.ioc;
-        auto later = [slot, &ioc](Decision dd) { Slot<Decision>::fulfil(slot, ioc, dd); };
+        auto later = [slot](Decision dd) { Slot<Decision>::fulfil(slot, dd); };
         const bool now = enforce ? rt_.fence.admit(m.resource, g, leader, &ex->node, &d, later)
                                  : rt_.fence.observe(m.resource, g, leader, &d, later);
         if (!now) d = co_await slot->wait();
