@@ -18,6 +18,7 @@
 #include <malloc.h>
 #include <netinet/in.h>
 #include <sys/epoll.h>
+#include <poll.h>
 #include <netinet/tcp.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -25,6 +26,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 #include <atomic>
@@ -289,6 +291,7 @@ struct Worker {
   // connections) and then behind a second pass for the session's own wake-up. Instead they are
   // run at the next request start on this worker (begin_request), or by one posted handler if
   // that comes first (an idle worker), and each resumes its session directly.
+  using Suspended = std::list<net::any_completion_handler<void()>>;  // see `suspended`
   // Any thread:
   void deliver(std::function<void()> f) {
     bool first = false;
@@ -315,10 +318,42 @@ struct Worker {
   std::mutex delivered_mu;
   std::vector<std::function<void()>> delivered;  // guarded by delivered_mu
   std::atomic<bool> has_delivered{false};
+  // Upstream answers awaited by exchanges that already waited on another thread (a generation
+  // advance): besides the reactor, the worker polls these sockets at each request start, so such
+  // an answer is taken as soon as it is there, not a pass through the busy connections later.
+  struct PromptRead {
+    Socket* sock = nullptr;
+    Suspended::iterator waiter;
+    bool waiting = false;          // waiter is set and not yet resumed
+    bool reactor_pending = false;  // the reactor's readiness wait is still outstanding
+  };
+  std::vector<std::shared_ptr<PromptRead>> prompt;
+  // Resumes p's session unless that happened already (the reactor and the poll both end here).
+  void prompt_ready(const std::shared_ptr<PromptRead>& p) {
+    auto it = std::find(prompt.begin(), prompt.end(), p);
+    if (it != prompt.end()) prompt.erase(it);
+    if (!p->waiting) return;
+    p->waiting = false;
+    resume(p->waiter);
+  }
+  // At a request start: resumes the sessions whose upstream answers have arrived (one poll(2)).
+  void poll_prompt() {
+    if (prompt.empty()) return;
+    std::array<pollfd, 16> fds;
+    std::array<std::shared_ptr<PromptRead>, 16> ps;
+    std::size_t n = 0;
+    for (auto& p : prompt) {
+      if (n == fds.size()) break;
+      fds[n] = pollfd{p->sock->native_handle(), POLLIN, 0};  // closed (-1): reported ready below
+      ps[n++] = p;
+    }
+    if (::poll(fds.data(), n, 0) < 0) return;
+    for (std::size_t i = 0; i < n; ++i)
+      if (fds[i].fd < 0 || fds[i].revents) prompt_ready(ps[i]);
+  }
   // Sessions suspended in Slot::wait(), by their resumptions. Owned here, so that a worker torn
   // down with sessions still waiting destroys them (their coroutine frames hold the Slot) first,
   // while everything they use is still there: keep this the last member.
-  using Suspended = std::list<net::any_completion_handler<void()>>;
   Suspended suspended;
   Suspended::iterator suspend(net::any_completion_handler<void()> h) {
     return suspended.insert(suspended.end(), std::move(h));
@@ -788,6 +823,7 @@ class Session {
                      const std::string& resource, bool client_keep_alive, bool expect_continue,
                      std::shared_ptr<Exchange> ex, const FenceMarks& marks);
   std::unique_ptr<UpConn> pooled_upstream(const config::Route& route);
+  task<std::size_t> read_promptly(UpConn& up, boost::system::error_code& ec);
   task<std::unique_ptr<UpConn>> connect_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
                                               boost::system::error_code& ec);
   void give_back(const config::Route& route, std::unique_ptr<UpConn> c);
@@ -824,6 +860,7 @@ class Session {
   Clock::time_point cold_at_ = Clock::time_point::max();  // a hot idle read gives up its buffer
   bool going_cold_ = false;
   UpConn* waiting_up_ = nullptr;          // the upstream connection in use, for the watchdog
+  bool prompt_ = false;                   // this request waited on another thread: read its answer promptly
   int parked_fd_ = -1;                    // the client's descriptor while parked (client_ is empty)
   Session* prev_ = nullptr;
   Session* next_ = nullptr;
@@ -1025,10 +1062,12 @@ void Session::begin_request() {
     snap_version_ = v;
     snap_ = rt_.snapshot();
   }
+  prompt_ = false;
   st_.active_requests.fetch_add(1, std::memory_order_relaxed);
   ++w_.requests;
   ++w_.activity;
   w_.run_delivered();  // results for waiting sessions go first
+  w_.poll_prompt();
   if (w_.waits_elsewhere) w_.offer_cpu();
 }
 
@@ -1369,7 +1408,10 @@ task<bool> Session::handle(std::size_t head_len) {
         auto later = [slot](Decision dd) { Slot<Decision>::fulfil(slot, dd); };
         const bool now = enforce ? rt_.fence.admit(m.resource, g, leader, &ex->node, &d, later)
                                  : rt_.fence.observe(m.resource, g, leader, &d, later);
-        if (!now) d = co_await slot->wait();
+        if (!now) {
+          d = co_await slot->wait();
+          prompt_ = true;
+        }
       }
       marks.generation = d.current;
       switch (d.verdict) {
@@ -1434,6 +1476,52 @@ task<bool> Session::handle(std::size_t head_len) {
 
   co_return co_await forward(head, fr, head_len, route, m.resource, client_keep_alive, expect_continue, std::move(ex),
                              marks);
+}
+
+// The first read of an upstream answer for a request that already waited on another thread
+// (Worker::PromptRead). Ends like async_read_some: bytes read, or *ec (the watchdog's
+// cancellation shows up in timed_out_).
+task<std::size_t> Session::read_promptly(UpConn& up, boost::system::error_code& ec) {
+  ec.clear();
+  auto p = std::make_shared<Worker::PromptRead>();
+  p->sock = &up.sock;
+  p->reactor_pending = true;
+  Worker& w = w_;
+  up.sock.async_wait(Socket::wait_read, [p, &w](boost::system::error_code) {
+    p->reactor_pending = false;
+    w.prompt_ready(p);
+  });
+  w.prompt.push_back(p);
+  // Only plain pointers in a lambda inside co_await: with a shared_ptr captured there, GCC 12's
+  // code released it once too often (ASan: the PromptRead was used after being freed).
+  co_await net::async_initiate<const net::use_awaitable_t<Executor>&, void()>(
+      [pr = p.get(), &w](auto handler) {
+        pr->waiter = w.suspend(std::move(handler));
+        pr->waiting = true;
+      },
+      use_task);
+  if (p->reactor_pending) {  // resumed by the poll: the reactor's wait goes (its handler is a no-op)
+    boost::system::error_code ignored;
+    up.sock.cancel(ignored);
+  }
+  if (timed_out_) {
+    ec = net::error::operation_aborted;
+    co_return 0;
+  }
+  const auto b = up.buf.prepare(kRelayBuffer);
+  ssize_t n;
+  do n = ::recv(up.sock.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n > 0) co_return static_cast<std::size_t>(n);
+  if (n == 0) {
+    ec = net::error::eof;
+    co_return 0;
+  }
+  if (errno != EAGAIN && errno != EWOULDBLOCK) {
+    ec.assign(errno, boost::system::system_category());
+    co_return 0;
+  }
+  co_return co_await up.sock.async_read_some(b, net::redirect_error(use_task, ec));  // woken early
 }
 
 std::unique_ptr<UpConn> Session::pooled_upstream(const config::Route& route) {
@@ -1668,7 +1756,9 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     }
     {
       arm(cfg.upstream_timeout);
-      std::size_t got = co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+      std::size_t got = prompt_ ? co_await read_promptly(up, ec)
+                                : co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+      prompt_ = false;
       up.buf.commit(got);
       ec = settle(ec);
     }

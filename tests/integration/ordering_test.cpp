@@ -3,6 +3,7 @@
 // generation overlaps one of a higher generation. Plus drain and drain timeout.
 #include "tests/integration/harness.h"
 
+#include <atomic>
 #include <future>
 #include <map>
 #include <random>
@@ -203,6 +204,76 @@ TEST_CASE("ordering: drain timeout: the hung older exchange is aborted with 504,
   CHECK(ms_between(reqs[0].arrival, reqs[1].arrival) >= 600);
   // The abort is seen by the upstream's own thread, so allow it a little scheduling slack.
   CHECK(ms_between(reqs[0].completion, reqs[1].arrival) >= -100);
+}
+
+// A write that waited for its generation's durable commit reads the upstream's answer both
+// through the reactor and by a poll at every other request's start on its worker (one worker
+// here, with load on another resource, so both paths run). However that answer ends, the client
+// gets the right response and the load is not disturbed.
+TEST_CASE("ordering: under load on another resource, a new generation's write ends right: late answer, timeout, drain abort") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    if (r.target == "/adv/slow") return UpstreamAction::delayed(300);
+    if (r.target.rfind("/adv/hang", 0) == 0) return UpstreamAction::hang();
+    return UpstreamAction{};
+  });
+  ProxySpec spec;
+  spec.threads = 1;
+  spec.config = config_with_routes({route("/", up.url(), "load"), route("/adv/", up.url(), "adv")});
+  (*spec.config)["upstream_timeout_ms"] = 1500;
+  (*spec.config)["drain_timeout_ms"] = 300;
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  REQUIRE(is_2xx(request(px.port(), "POST", "/load", token(1))));
+
+  std::atomic<bool> stop{false};
+  std::atomic<int> load_ok{0}, load_bad{0};
+  std::vector<std::thread> load;
+  for (int i = 0; i < 4; ++i)
+    load.emplace_back([&] {
+      while (!stop.load()) (is_2xx(request(px.port(), "POST", "/load", token(1))) ? load_ok : load_bad)++;
+    });
+  auto wait_target = [&](const std::string& target) {
+    for (int i = 0; i < 500; ++i) {
+      for (const auto& r : up.requests())
+        if (r.target == target) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  };
+
+  // Answered late: the client gets the upstream's answer.
+  auto slow = timed_request(px.port(), "POST", "/adv/slow", token(1));
+  CHECK(is_2xx(slow.result));
+  CHECK(slow.elapsed >= 250ms);
+  // Never answered: 504 after the upstream timeout, not sooner and not never.
+  auto hung = timed_request(px.port(), "POST", "/adv/hang", token(2));
+  check_problem(hung.result, 504, std::nullopt, std::nullopt, std::nullopt, /*full_fence_members=*/false);
+  CHECK(hung.elapsed >= 1300ms);
+  CHECK(hung.elapsed < 5s);
+  // Aborted by a newer generation's drain timeout while waiting for its answer: 504, and the
+  // newer write goes through after the drain.
+  auto aborted = std::async(std::launch::async, [&] { return timed_request(px.port(), "POST", "/adv/hang3", token(3)); });
+  REQUIRE(wait_target("/adv/hang3"));
+  auto newer = timed_request(px.port(), "POST", "/adv/after", token(4));
+  auto a = aborted.get();
+  INFO("gen3: ", describe(a.result), "\ngen4: ", describe(newer.result));
+  check_problem(a.result, 504, std::nullopt, std::nullopt, std::nullopt, false);
+  CHECK(a.elapsed < 1300ms);  // the drain's abort, not the upstream timeout
+  CHECK(is_2xx(newer.result));
+  CHECK(newer.elapsed >= 250ms);
+
+  stop = true;
+  for (auto& t : load) t.join();
+  CHECK(load_bad.load() == 0);
+  CHECK(load_ok.load() > 20);
+  // The upstream saw generation 4 only after the generation-3 exchange was over.
+  Clock::time_point g3_end{}, g4_arrival{};
+  for (const auto& r : up.requests()) {
+    if (r.target == "/adv/hang3") g3_end = r.completion;
+    if (r.target == "/adv/after") g4_arrival = r.arrival;
+  }
+  CHECK(ms_between(g3_end, g4_arrival) >= -100);  // the abort is seen on the upstream's own thread
 }
 
 }  // TEST_SUITE
