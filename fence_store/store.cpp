@@ -741,6 +741,34 @@ int take_lock(const std::string& path, std::string* error) {
   return fd;
 }
 
+// A commit that appends to the WAL changes the file's size, so its fdatasync must also commit the
+// file system's journal (on ext4: the journal thread's turn and a second device flush). SQLite
+// writes the WAL from its start again after each checkpoint and never shrinks it
+// (journal_size_limit is -1), so from its second cycle on, commits overwrite what is there. This
+// makes the first cycle overwrite too: pages of a transaction that is rolled back, spilled from a
+// tiny page cache, grow the WAL once to the size at which SQLite checkpoints. No commit ever
+// claims those frames: readers and recovery ignore them, and the database file is not touched.
+// Best effort: on any error the WAL just grows as commits come.
+void size_wal(sqlite3* db, const std::string& path) {
+  std::int64_t pages = 0, page_size = 0, cache = 0;
+  std::string msg;
+  if (!query_int(db, "PRAGMA wal_autocheckpoint", &pages, &msg) || pages <= 0 ||
+      !query_int(db, "PRAGMA page_size", &page_size, &msg) || !query_int(db, "PRAGMA cache_size", &cache, &msg))
+    return;
+  struct stat st {};
+  const std::int64_t want = 32 + pages * (24 + page_size);  // header + frames
+  if (::stat((path + "-wal").c_str(), &st) == 0 && st.st_size >= want) return;
+  if (!exec(db, "PRAGMA cache_size = 2").empty()) return;
+  if (exec(db, "BEGIN IMMEDIATE").empty()) {
+    const std::string fill = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < " +
+                             std::to_string(pages) + ") INSERT INTO fencegate_wal_sizing SELECT zeroblob(" +
+                             std::to_string(page_size * 3 / 4) + ") FROM n";  // a page each
+    if (exec(db, "CREATE TABLE fencegate_wal_sizing(b BLOB)").empty()) exec(db, fill.c_str());
+    exec(db, "ROLLBACK");
+  }
+  exec(db, ("PRAGMA cache_size = " + std::to_string(cache)).c_str());
+}
+
 // Sets up the writer connection: WAL, synchronous=FULL, schema. Returns "" or an error.
 std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (auto e = probe(db, path); !e.empty()) return e;
@@ -756,7 +784,9 @@ std::string prepare_writer(sqlite3* db, const std::string& path) {
     return "cannot switch database " + path + " to WAL mode: " + (mode.empty() ? sqlite3_errmsg(db) : mode);
   if (auto e = exec(db, "PRAGMA synchronous = FULL"); !e.empty())
     return "cannot set synchronous=FULL on database " + path + ": " + e;
-  return migrate(db, path);
+  if (auto e = migrate(db, path); !e.empty()) return e;
+  size_wal(db, path);
+  return {};
 }
 
 // Checks a read-only connection sees a schema this binary understands. Returns "" or an error.

@@ -181,6 +181,28 @@ TEST_CASE("state persists across reopen, and the destructor commits what was que
   CHECK(all_audit(*s).size() == 100);
 }
 
+TEST_CASE("open sizes the WAL for overwrites; the database and its tables are untouched by that") {
+  TempDir t;
+  {
+    auto s = must_open(t.db());
+    // 1000 pages (SQLite's checkpoint threshold) of 4 KiB frames, with nothing committed in them.
+    CHECK(fs::file_size(t.db() + "-wal") >= 1000u * (4096 + 24));
+    REQUIRE(advance_sync(*s, "r", 3, "a").ok());
+    CHECK(fs::file_size(t.db() + "-wal") >= 1000u * (4096 + 24));  // the commit overwrote, in place
+    // What a crash leaves (database and WAL as they are on disk now) recovers the commit alone.
+    fs::create_directories(t.db() + ".crash");
+    fs::copy_file(t.db(), t.db() + ".crash/fence.db");
+    fs::copy_file(t.db() + "-wal", t.db() + ".crash/fence.db-wal");
+  }
+  auto c = must_open(t.db() + ".crash/fence.db");
+  auto m = by_name(c->load_all());
+  CHECK(m.size() == 1);
+  CHECK(m["r"].generation == 3);
+  CHECK(all_audit(*c).empty());
+  c.reset();
+  CHECK(fs::file_size(t.db()) < 64u * 1024);  // checkpointed at close: the schema and one row, no more
+}
+
 TEST_CASE("one owner at a time; read-only readers work while it runs") {
   TempDir t;
   auto first = must_open(t.db());
