@@ -12,7 +12,9 @@
 //
 // Threads: one io_context per worker thread (each runs single-threaded, so a session and the
 // upstream pool of its worker need no locks); the Store's thread commits; the Fence's timer thread
-// enforces drain timeouts. Results from those threads are posted back to the session's io_context.
+// enforces drain timeouts. Results from those threads are handed to the session's worker
+// (Worker::deliver), which resumes the session at its next request start or from one posted
+// handler, whichever comes first.
 #include "proxy/server.h"
 
 #include <malloc.h>
