@@ -246,8 +246,9 @@ end
 class Bench:
     def __init__(self, args):
         self.args = args
-        self.duration = env_int("BENCH_DURATION", 10)
-        self.reps = env_int("BENCH_REPS", 3)
+        self.duration = env_int("BENCH_DURATION", 8)
+        self.reps = env_int("BENCH_REPS", 5)
+        self.fresh = env_int("BENCH_FRESH", 1) != 0
         self.conns = env_int("BENCH_CONNECTIONS", 32)
         self.body = env_int("BENCH_BODY_BYTES", 1024)
         self.warmup = env_int("BENCH_WARMUP", 2)
@@ -415,25 +416,28 @@ backend be
         if not ok:
             log(f"CHECK FAILED: {what}")
 
+    def launch(self, name, inst):
+        """Starts a fresh instance of throughput target `name`: (port, process or None, pids_fn)."""
+        if name == "direct":
+            up = [p for n, p in self.procs.procs if n == "upstream"][0]
+            return self.up_port, None, lambda: [up.pid]
+        if name == "nginx":
+            port, p = self.start_nginx(f"nginx.{inst}")
+            return port, p, lambda: [p.pid] + children(p.pid)
+        if name == "haproxy":
+            port, p = self.start_haproxy(f"haproxy.{inst}")
+            return port, p, lambda: [p.pid]
+        port, p, _ = self.start_fencegate(f"{name}.{inst}", mode=name.split("-", 1)[1])
+        return port, p, lambda: [p.pid]
+
     def throughput(self):
-        targets = [("direct", self.up_port)]
-        up = [p for n, p in self.procs.procs if n == "upstream"][0]
-        pids = {"direct": lambda: [up.pid]}
-        port, ng = self.start_nginx("nginx")
-        targets.append(("nginx", port))
-        pids["nginx"] = lambda: [ng.pid] + children(ng.pid)
-        port, ha = self.start_haproxy("haproxy")
-        targets.append(("haproxy", port))
-        pids["haproxy"] = lambda: [ha.pid]
-        for mode in ("enforce", "observe", "off"):
-            port, fg, _ = self.start_fencegate(f"fencegate-{mode}", mode=mode)
-            targets.append((f"fencegate-{mode}", port))
-            pids[f"fencegate-{mode}"] = (lambda fg=fg: [fg.pid])
-        ports = dict(targets)
+        names = ["direct", "nginx", "haproxy", "fencegate-enforce", "fencegate-observe", "fencegate-off"]
+        live = {name: self.launch(name, 1) for name in names}
+        ports = {name: v[0] for name, v in live.items()}
         # Sanity: every target answers, and the fenced ones really fence (speed must never come
         # from skipping the fence).
-        for name, port in targets:
-            st, h = http(port, "POST", "/bench", token=TOKEN)
+        for name in names:
+            st, h = http(ports[name], "POST", "/bench", token=TOKEN)
             self.check(f"{name}: POST with token {TOKEN} -> 200 (got {st})", st == 200)
         st, h = http(ports["fencegate-enforce"], "POST", "/bench", token=str(int(TOKEN) - 1))
         self.check(f"fencegate-enforce: stale token -> 409 (got {st})", st == 409)
@@ -442,15 +446,21 @@ backend be
         st, h = http(ports["fencegate-observe"], "POST", "/bench", token=str(int(TOKEN) - 1))
         self.check(f"fencegate-observe: stale token -> 200 + Fencing-Observe (got {st}, "
                    f"{h.get('fencing-observe')})", st == 200 and "fencing-observe" in h)
-        for name, port in targets:
-            log(f"warm-up {name} ({self.warmup}s)")
-            self.wrk(port, self.warmup, name=f"warmup-{name}")
-        runs = {name: [] for name, _ in targets}
+        targets = [(name, ports[name]) for name in names]
+        runs = {name: [] for name in names}
         for rep in range(self.reps):
             # Rotate the order each repetition so a slow phase of the machine hits every target.
-            order = targets[rep % len(targets):] + targets[:rep % len(targets)]
-            for name, port in order:
-                kv = self.wrk(port, self.duration, name=f"wrk-{name}", pids_fn=pids[name])
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            for name in order:
+                # A fresh process per repetition (BENCH_FRESH=1): on this VM one process of the
+                # same binary can run 20% slower than the next for its whole life (placement), so
+                # repetitions on one instance would measure that instance, not the proxy.
+                if name not in live:
+                    live[name] = self.launch(name, rep + 1)
+                port, proc, pids_fn = live[name]
+                log(f"warm-up {name} ({self.warmup}s)")
+                self.wrk(port, self.warmup, name=f"warmup-{name}")
+                kv = self.wrk(port, self.duration, name=f"wrk-{name}", pids_fn=pids_fn)
                 runs[name].append(kv)
                 log(f"rep {rep + 1}/{self.reps} {name:18} {kv['rps']:9.0f} req/s  cpu {kv['cpu_pct']:4.0f}%"
                     f"  load core {kv.get('load_core_pct', 0):4.0f}%"
@@ -458,6 +468,9 @@ backend be
                     f"  p99 {kv['p99_us'] / 1000:6.2f} ms  p99.9 {kv['p999_us'] / 1000:6.2f} ms"
                     + (f"  ERRORS status={kv['status_err']:.0f} socket={kv['sock_err']:.0f}"
                        if kv["status_err"] or kv["sock_err"] else ""))
+                if self.fresh and proc is not None:
+                    self.procs.stop(proc)
+                    del live[name]
         for name, _ in targets:
             rs = runs[name]
             self.res["throughput"][name] = {
@@ -657,7 +670,7 @@ backend be
                      f"bench tools pinned to CPU {self.load_cpu}")
         else:
             L.append("- Placement: nothing pinned")
-        L.append(f"- Settings: BENCH_DURATION={self.duration} BENCH_REPS={self.reps} BENCH_CONNECTIONS={self.conns} "
+        L.append(f"- Settings: BENCH_DURATION={self.duration} BENCH_REPS={self.reps} BENCH_FRESH={int(self.fresh)} BENCH_CONNECTIONS={self.conns} "
                  f"BENCH_BODY_BYTES={self.body} BENCH_ADVANCE_MS={self.adv_ms} BENCH_ADVANCE_SECONDS={self.adv_seconds} "
                  f"BENCH_ADVANCE_IDLE_SECONDS={self.adv_idle_seconds} "
                  f"BENCH_IDLE_CONNS={self.idle_conns} BENCH_UPLOAD_BYTES={self.upload_bytes} BENCH_NICE={self.nice}")
