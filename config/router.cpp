@@ -42,6 +42,10 @@ std::string check_target(std::string_view target) {
   }
   std::string_view path = target.substr(0, target.find('?'));
   if (path.find('\\') != std::string_view::npos) return "backslash in path";
+  // Servlet containers and frameworks (Tomcat, Jetty, Spring) strip ";params" from each segment
+  // before they route, so "/t/a/..;/b" reaches them as "/t/b" and "/admin;x/y" as "/admin/y":
+  // paths we would have fenced under another route or resource.
+  if (path.find(';') != std::string_view::npos) return "path parameter (';') in path";
 
   // Segments: path is "/" seg ("/" seg)*; the first segment starts after the leading '/'.
   std::size_t pos = 1;
@@ -65,8 +69,8 @@ std::string check_target(std::string_view target) {
     // turning a path we fenced under one route into another route's path: refuse them.
     const bool unreserved = (b >= 'A' && b <= 'Z') || (b >= 'a' && b <= 'z') || (b >= '0' && b <= '9') ||
                             b == '-' || b == '.' || b == '_' || b == '~';
-    if (unreserved || b == '/' || b == '\\' || b == '%' || b < 0x20 || b == 0x7f) {
-      return "percent-encoded unreserved character, '/', '\\', '%' or control byte in path (" +
+    if (unreserved || b == '/' || b == '\\' || b == '%' || b == ';' || b < 0x20 || b == 0x7f) {
+      return "percent-encoded unreserved character, '/', '\\', '%', ';' or control byte in path (" +
              std::string(path.substr(i, 3)) + ")";
     }
     i += 2;
@@ -205,15 +209,28 @@ Router::Match Router::match(std::string_view target) const {
 
   const Compiled* best = nullptr;
   std::size_t best_len = 0;
+  bool best_loose = false;
   std::vector<Capture> best_caps;
   std::vector<Capture> caps;
   for (const Compiled& c : compiled_) {
     caps.clear();
     std::size_t pos = 0;
     bool ok = true;
-    for (const Part& p : c.parts) {
+    bool loose = false;  // matched a prefix ending in '/' by a path that ends just before it
+    for (std::size_t k = 0; k < c.parts.size(); ++k) {
+      const Part& p = c.parts[k];
       if (!p.capture) {
         if (path.substr(pos).substr(0, p.text.size()) != p.text) {
+          // "/tenants/acme" is tenant acme's as much as "/tenants/acme/x" is: else it would be
+          // fenced under a shorter route's resource (or none) while the upstream serves it as
+          // acme's (nginx redirects it to the slashed form for the same reason).
+          const std::string_view rest = path.substr(pos);
+          if (k + 1 == c.parts.size() && p.text.back() == '/' && rest.size() + 1 == p.text.size() &&
+              p.text.compare(0, rest.size(), rest) == 0) {
+            pos = path.size();
+            loose = true;
+            continue;
+          }
           ok = false;
           break;
         }
@@ -239,9 +256,12 @@ Router::Match Router::match(std::string_view target) const {
       pos = end;
     }
     if (!ok) continue;
-    if (best == nullptr || pos > best_len || (pos == best_len && c.captures < best->captures)) {
+    // Longest match; then an exact one over one without the trailing '/'; then fewer captures.
+    if (best == nullptr || pos > best_len ||
+        (pos == best_len && (best_loose && !loose || (best_loose == loose && c.captures < best->captures)))) {
       best = &c;
       best_len = pos;
+      best_loose = loose;
       best_caps = caps;
     }
   }
@@ -261,6 +281,13 @@ Router::Match Router::match(std::string_view target) const {
       if (cap.name == name) out += cap.value;
     }
     i = close;
+  }
+  if (out.size() > kMaxResourceName) {
+    m.outcome = Outcome::bad_target;
+    m.reason = "the resource name this path makes (route \"" + route.prefix + "\") is longer than " +
+               std::to_string(kMaxResourceName) + " characters";
+    m.resource.clear();
+    return m;
   }
   m.outcome = Outcome::matched;
   m.route = &route;

@@ -2,11 +2,14 @@
 //
 // Routes match by longest path prefix. A prefix may contain captures, `{name}`, each matching exactly
 // one non-empty path segment; the route's resource template may use them (`tenant-{tenant}`).
+// A prefix ending in '/' also matches the path without that '/' ("/tenants/{t}/" takes
+// "/tenants/acme"), so a collection's own path is fenced with its members, not by a shorter route.
 // The resource therefore comes from the route and the path, never from a client header.
 //
 // Ambiguous targets are refused (not routed), because the upstream might normalise them to a path
 // that belongs to another resource: anything but origin-form, dot segments ("." / ".."), empty
-// segments ("//"), backslashes, percent-encoded '/', '\\', '.' or '%' sequences that are not valid,
+// segments ("//"), backslashes, path parameters (';', which servlet containers strip from each
+// segment before routing), percent-encoded '/', '\\', ';', '.' or '%', sequences that are not valid,
 // control characters or bytes >= 0x80. Captured segments may only contain [A-Za-z0-9._~-] (and
 // may not be "." or ".."), so a resource name is always printable and bounded.
 //
@@ -47,6 +50,11 @@ class Router {
   Router(Router&&) noexcept;
   Router& operator=(Router&&) noexcept;
 };
+
+// The longest resource name a request may be fenced under: the admin API (fence, lookup) takes
+// names up to this length, so a path that would make a longer one is refused as a bad target
+// (no leader could put up its fence before it starts work on such a resource).
+inline constexpr std::size_t kMaxResourceName = 256;
 
 // Checks one route's prefix/resource templates; returns an empty string if fine, else the reason
 // (e.g. "resource uses {tenant} which the prefix does not capture"). Used by validate().

@@ -1,5 +1,6 @@
 #include "proxy/head.h"
 
+#include <cctype>
 #include <cstring>
 
 namespace fencegate::proxy {
@@ -232,9 +233,43 @@ HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, Request
   return s;
 }
 
+namespace {
+
+// Host = uri-host [ ":" port ] (RFC 9110 7.2, RFC 3986 3.2.2): an IP literal in brackets, or
+// unreserved, sub-delims and percent-encoded bytes; the port is digits. Empty is allowed (a
+// target with no authority). Anything else ("a b", "x/y", "u@h") an upstream or a virtual-host
+// router may read another way than we do.
+bool valid_host(std::string_view v) {
+  std::size_t i = 0;
+  if (!v.empty() && v[0] == '[') {
+    const std::size_t close = v.find(']');
+    if (close == std::string_view::npos || close == 1) return false;
+    for (char c : v.substr(1, close - 1))
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == ':' || c == '.' || c == '%' || c == '-' ||
+            c == '_' || c == '~'))  // IPv6 (with an RFC 6874 zone) or IPvFuture
+        return false;
+    i = close + 1;
+  } else {
+    for (; i < v.size() && v[i] != ':'; ++i) {
+      const char c = v[i];
+      const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_' || c == '~' ||
+                      c == '%' || c == '!' || c == '$' || c == '&' || c == '\'' || c == '(' || c == ')' || c == '*' ||
+                      c == '+' || c == ',' || c == ';' || c == '=';
+      if (!ok) return false;
+    }
+  }
+  if (i == v.size()) return true;
+  if (v[i] != ':') return false;
+  for (char c : v.substr(i + 1))
+    if (c < '0' || c > '9') return false;
+  return v.size() - i - 1 <= 5;
+}
+
+}  // namespace
+
 Framing check_framing(const RequestHead& h) {
   Framing f;
-  std::string_view cl, te;
+  std::string_view cl, te, host;
   std::size_t ncl = 0, nte = 0, nhost = 0;
   std::string_view alias;
   for (const auto& fl : h.fields) {
@@ -246,7 +281,7 @@ Framing check_framing(const RequestHead& h) {
         if (nte++ == 0) te = fl.value;
         break;
       case FieldKind::host:
-        ++nhost;
+        if (nhost++ == 0) host = fl.value;
         break;
       case FieldKind::framing_alias:
         if (alias.empty()) alias = fl.name;
@@ -283,6 +318,7 @@ Framing check_framing(const RequestHead& h) {
   }
   if (h.version == 11 && nhost != 1) return fail(nhost ? "several Host headers" : "missing Host header");
   if (h.version == 10 && nhost > 1) return fail("several Host headers");
+  if (nhost && !valid_host(host)) return fail("invalid Host header (want host or host:port)");
   f.ok = true;
   return f;
 }

@@ -552,6 +552,12 @@ struct Decimal {
   std::size_t len;
 };
 
+// "host:port" of an upstream URL as configured ("http://host:port", perhaps with a path).
+std::string_view upstream_authority(std::string_view url) {
+  if (url.substr(0, 7) == "http://") url.remove_prefix(7);
+  return url.substr(0, url.find('/'));
+}
+
 // Sends as much of `bufs` as the kernel takes right now, straight from this thread (the socket
 // is non-blocking). Returns true iff all of it went: the common case, which then costs one
 // sendmsg and no reactor operation, completion post or coroutine suspension. Otherwise `bufs`
@@ -1658,6 +1664,9 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
            std::string_view("\r\nForwarded: "), fwd, fwd.empty() ? std::string_view() : sep,
            std::string_view(client_v6_ ? "for=\"[" : "for="), client_ip_,
            std::string_view(client_v6_ ? "]\"\r\n" : "\r\n"));
+    // An HTTP/1.0 request may come without Host, but it goes on as HTTP/1.1, which must have one
+    // (RFC 9112 3.2): the upstream's own authority, as a client addressing it directly would send.
+    if (!head.has(FieldKind::host)) append_field(out, "Host", upstream_authority(route.upstream));
     if (fr.chunked) append(out, std::string_view("Transfer-Encoding: chunked\r\n"));
     else if (fr.content_length) append_field(out, "Content-Length", Decimal(*fr.content_length));
     append(out, std::string_view("\r\n"));
@@ -2086,7 +2095,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
       return 1;
     }
     auto bound = acceptor.local_endpoint(ec);
-    log::info("listening", {log::kv("address", bound.address().to_string() + ":" + std::to_string(bound.port())),
+    log::info("listening", {log::kv("address", (bound.address().is_v6() ? "[" + bound.address().to_string() + "]" : bound.address().to_string()) + ":" + std::to_string(bound.port())),
                             log::kv("db", cfg->db), log::kv("threads", workers.size()),
                             log::kv("routes", cfg->routes.size())});
   }

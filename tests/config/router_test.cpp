@@ -33,7 +33,7 @@ TEST_CASE("literal prefixes: longest wins, '/' matches everything") {
 
   CHECK(router.match("/api/ordersX").resource == "orders");  // string prefix, not segment prefix
   CHECK(router.match("/api/x").resource == "api");
-  CHECK(router.match("/api").resource == "root");
+  CHECK(router.match("/api").resource == "api");  // a prefix ending in "/" takes the path without it
   CHECK(router.match("/").resource == "root");
   CHECK(router.match("/other?q=/api/").resource == "root");  // query is not the path
 }
@@ -62,8 +62,27 @@ TEST_CASE("captures fill the resource template") {
   CHECK(router.match("/t/acme/x").resource == "t:acme");  // whole segment is captured
   CHECK(router.match("/t/A-b_c.d~9?q").resource == "t:A-b_c.d~9");
   CHECK(router.match("/o/x/p/y/z").resource == "x.y");
-  CHECK(router.match("/tenants/acme").outcome == Outcome::no_route);  // needs the trailing '/'
-  CHECK(router.match("/t/").outcome == Outcome::no_route);            // captures are non-empty
+  // A prefix ending in '/' also takes the path without it: "/tenants/acme" is acme's too.
+  CHECK(router.match("/tenants/acme").resource == "tenant-acme");
+  CHECK(router.match("/tenants/acme?x=1").resource == "tenant-acme");
+  CHECK(router.match("/tenants/").outcome == Outcome::no_route);  // captures are non-empty
+  CHECK(router.match("/tenants").outcome == Outcome::no_route);
+  CHECK(router.match("/t/").outcome == Outcome::no_route);
+}
+
+TEST_CASE("a prefix ending in '/' takes the path without it, not the fallback route") {
+  std::vector<Route> routes{route("/", "root"), route("/orders/", "orders"), route("/t/{tenant}/", "t-{tenant}"),
+                            route("/api", "api-exact"), route("/api/", "api-dir")};
+  Router router(routes);
+  CHECK(router.match("/orders").resource == "orders");  // else fenced under "root"
+  CHECK(router.match("/orders?page=2").resource == "orders");
+  CHECK(router.match("/orders/1").resource == "orders");
+  CHECK(router.match("/order").resource == "root");
+  CHECK(router.match("/ordersx").resource == "root");
+  CHECK(router.match("/t/acme").resource == "t-acme");
+  CHECK(router.match("/t").resource == "root");
+  CHECK(router.match("/api").resource == "api-exact");  // an exact match beats one without the '/'
+  CHECK(router.match("/api/x").resource == "api-dir");
 }
 
 TEST_CASE("ties: longest matched portion, then fewer captures, then config order") {
@@ -110,6 +129,9 @@ TEST_CASE("bad targets are refused with a reason") {
       "/a/./b", "/a/../b", "/a/..", "/a/.", "/..", "/.",  // dot segments
       "/a%2Fb", "/a%2fb", "/a%2E%2E/b", "/a%2e", "/a%5Cb", "/a%5c", "/a%25", "/a%00", "/a%1F", "/a%7f",
       "/a%", "/a%4", "/a%G1", "/a%zz/b",  // invalid percent-encodings
+      // Path parameters: Tomcat, Jetty and Spring strip ";..." per segment, so these reach them as
+      // "/b/x", "/a/x", "/tenants/x": another route's (or tenant's) path.
+      "/a/..;/b/x", "/a/.;/x", "/a/x/..;", "/a;jsessionid=1/x", "/tenants;x/acme", "/a%3Bb", "/a%3b",
   };
   for (const char* t : bad) {
     auto m = router.match(t);
@@ -127,6 +149,8 @@ TEST_CASE("bad targets are refused with a reason") {
   CHECK(router.match("/a/.hidden/..x").outcome == Outcome::matched);
   CHECK(router.match("/a?b=%2F&c=..//").outcome == Outcome::matched);  // query not inspected
   CHECK(router.match("/a\\b").reason == "backslash in path");
+  CHECK(router.match("/a/zz/..;/b").reason == "path parameter (';') in path");
+  CHECK(router.match("/a?x=1;y=2").outcome == Outcome::matched);  // ';' in the query is fine
 }
 
 TEST_CASE("check_route_template") {
@@ -169,4 +193,18 @@ TEST_CASE("Router is movable and keeps pointing at the configured routes") {
   auto m = b.match("/x/1");
   REQUIRE(m.outcome == Outcome::matched);
   CHECK(m.route == &routes[0]);
+}
+
+TEST_CASE("a path that would make a resource name longer than the admin API takes is refused") {
+  std::vector<Route> routes{route("/", "root"), route("/t/{tenant}/", "tenant-{tenant}")};
+  Router router(routes);
+  const std::string fits(256 - 7, 'a'), too_long(256 - 6, 'a');  // "tenant-" is 7 characters
+  auto m = router.match("/t/" + fits + "/x");
+  CHECK(m.outcome == Outcome::matched);
+  CHECK(m.resource.size() == kMaxResourceName);
+  m = router.match("/t/" + too_long + "/x");
+  CHECK(m.outcome == Outcome::bad_target);  // not the "/" route: that would fence it under "root"
+  CHECK(m.route == nullptr);
+  CHECK(m.resource.empty());
+  CHECK(m.reason.find("longer than 256") != std::string::npos);
 }

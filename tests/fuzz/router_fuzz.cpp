@@ -6,7 +6,7 @@
 //         Router of that route (plus a "/" fallback) matches the target.
 // Properties: never crashes; a matched resource is non-empty and only [A-Za-z0-9._~:-]; a matched
 // target is origin-form, printable ASCII, and its path has no "/../", "/./", "//", trailing "/." or
-// "/..", backslash, or %2F/%5C/%2E/%25 (the query is not inspected, as documented); the outcome and
+// "/..", backslash, ';', or %2F/%5C/%2E/%25/%3B (the query is not inspected, as documented); the outcome and
 // resource agree with an independent reference matcher; and a target whose path differs only by
 // percent-encoded unreserved characters ("%61" for "a"), which an upstream may decode, gets the same
 // routing decision (else a request could be fenced under another resource than the one it writes).
@@ -87,6 +87,8 @@ bool reference_target_ok(std::string_view target) {
     if (c <= 0x20 || c >= 0x7f || c == '#') return false;
   const std::string_view path = target.substr(0, target.find('?'));
   if (path.find('\\') != std::string_view::npos) return false;
+  // Path parameters: servlet containers strip ";..." from each segment before they route.
+  if (path.find(';') != std::string_view::npos) return false;
   // Segments after the leading '/': none may be "." or "..", only the last may be empty.
   std::vector<std::string_view> segs;
   for (std::size_t b = 1;;) {
@@ -104,7 +106,8 @@ bool reference_target_ok(std::string_view target) {
     if (i + 2 >= path.size() || hex(path[i + 1]) < 0 || hex(path[i + 2]) < 0) return false;
     const int b = hex(path[i + 1]) * 16 + hex(path[i + 2]);
     // Encoded unreserved characters are refused too: an upstream may decode them (RFC 3986 6.2.2.2).
-    if (unreserved(static_cast<unsigned char>(b)) || b == '/' || b == '\\' || b == '%' || b < 0x20 || b == 0x7f)
+    if (unreserved(static_cast<unsigned char>(b)) || b == '/' || b == '\\' || b == '%' || b == ';' || b < 0x20 ||
+        b == 0x7f)
       return false;
     i += 2;
   }
@@ -117,8 +120,8 @@ struct RefMatch {
   std::string resource;
 };
 
-// Reference matcher: longest matched prefix; equal length -> fewer captures; then configuration
-// order. A capture segment with a character outside [A-Za-z0-9._~-] refuses the whole target.
+// Reference matcher: longest matched prefix (a final '/' of a prefix may meet the path's end);
+// equal length -> an exact match before such a one, then fewer captures; then configuration order. A capture segment with a character outside [A-Za-z0-9._~-] refuses the whole target.
 RefMatch reference_match(const std::vector<Route>& routes, std::string_view target) {
   RefMatch out;
   if (!reference_target_ok(target)) {
@@ -126,15 +129,20 @@ RefMatch reference_match(const std::vector<Route>& routes, std::string_view targ
     return out;
   }
   const std::string_view path = target.substr(0, target.find('?'));
-  bool found = false;
+  bool found = false, best_loose = false;
   std::size_t best_len = 0, best_caps = 0;
   for (std::size_t r = 0; r < routes.size(); ++r) {
     const std::string& pre = routes[r].prefix;
     std::vector<std::pair<std::string, std::string>> caps;
     std::size_t pos = 0;
     bool ok = true;
+    bool loose = false;  // the prefix's final '/' met the end of the path
     for (std::size_t i = 0; i < pre.size() && ok; ++i) {
       if (pre[i] != '{') {
+        if (i + 1 == pre.size() && pre[i] == '/' && pos == path.size()) {
+          loose = true;
+          continue;
+        }
         ok = pos < path.size() && path[pos] == pre[i];
         ++pos;
         continue;
@@ -158,9 +166,11 @@ RefMatch reference_match(const std::vector<Route>& routes, std::string_view targ
       i = close;
     }
     if (!ok) continue;
-    if (!found || pos > best_len || (pos == best_len && caps.size() < best_caps)) {
+    if (!found || pos > best_len ||
+        (pos == best_len && ((best_loose && !loose) || (best_loose == loose && caps.size() < best_caps)))) {
       found = true;
       best_len = pos;
+      best_loose = loose;
       best_caps = caps.size();
       out.route = r;
       out.resource.clear();
@@ -179,6 +189,10 @@ RefMatch reference_match(const std::vector<Route>& routes, std::string_view targ
     }
   }
   if (found) out.outcome = Outcome::matched;
+  if (found && out.resource.size() > 256) {  // longer than the admin API accepts: refused
+    out.outcome = Outcome::bad_target;
+    out.resource.clear();
+  }
   return out;
 }
 

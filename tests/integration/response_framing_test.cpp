@@ -152,6 +152,29 @@ TEST_CASE("response framing: a close-delimited body is chunked for 1.1 clients a
   CHECK(c10.wait_closed());
 }
 
+TEST_CASE("request framing: an HTTP/1.0 request without Host goes upstream as HTTP/1.1 with the upstream's") {
+  std::mutex m;
+  std::vector<std::string> heads;
+  RawUpstream up([&](int, const std::string& head) {
+    std::lock_guard l(m);
+    heads.push_back(head);
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"};
+  });
+  Proxy px(spec_for(up.url()));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  const std::string authority = up.url().substr(7);  // "127.0.0.1:PORT"
+  HttpClient a, b;
+  REQUIRE(send_raw(a, px.port(), "GET /x HTTP/1.0\r\n\r\n").ok());
+  REQUIRE(send_raw(b, px.port(), "GET /y HTTP/1.0\r\nHost: app.example\r\n\r\n").ok());
+  std::lock_guard l(m);
+  REQUIRE(heads.size() == 2);
+  CHECK(heads[0].rfind("GET /x HTTP/1.1\r\n", 0) == 0);
+  CHECK(heads[0].find("\r\nHost: " + authority + "\r\n") != std::string::npos);
+  CHECK(heads[1].find("\r\nHost: app.example\r\n") != std::string::npos);  // the client's, once
+  CHECK(heads[1].find("Host: " + authority) == std::string::npos);
+}
+
 TEST_CASE("response framing: a chunked body reaches a 1.0 client decoded, then the connection closes") {
   RawUpstream up([](int, const std::string&) {
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"};

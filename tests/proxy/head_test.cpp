@@ -274,6 +274,15 @@ TEST_CASE("check_framing: accepted framings") {
   }
 }
 
+TEST_CASE("check_framing: Host values that are host[:port] are accepted") {
+  for (const char* host : {"a", "example.com", "example.com:8080", "127.0.0.1:1", "[::1]", "[::1]:8443",
+                           "[fe80::1%25eth0]", "xn--bcher-kva.example", "a_b.local", "a:", ""}) {
+    CAPTURE(host);
+    CHECK(framing_of(std::string("GET / HTTP/1.1\r\nHost: ") + host + "\r\n\r\n").ok);
+  }
+  CHECK(framing_of("GET / HTTP/1.0\r\n\r\n").ok);  // HTTP/1.0 may omit it
+}
+
 TEST_CASE("check_framing: refused framings") {
   const char* bad[] = {
       // CL and TE together, in either order
@@ -309,6 +318,18 @@ TEST_CASE("check_framing: refused framings") {
       "GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n",
       "GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n",
       "GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n",
+      // Host values that are not host[:port]: a virtual-host router may read them another way
+      "GET / HTTP/1.1\r\nHost: evil.example/p?q\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: a b\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: user@a\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: <x>\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: [::1\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: []\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: [::1]x\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: a:8x\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: a:1:2\r\n\r\n",
+      "GET / HTTP/1.1\r\nHost: a:123456\r\n\r\n",
+      "GET / HTTP/1.0\r\nHost: a\"b\r\n\r\n",
       // framing fields spelled with '_' (CGI-style servers read them as the real ones)
       "POST / HTTP/1.1\r\nHost: a\r\nTransfer_Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
       "POST / HTTP/1.1\r\nHost: a\r\ncontent_length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
