@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -419,6 +420,7 @@ class OwnedStore final : public Store {
   }
 
   std::size_t queue_depth() const override { return pending_.load(std::memory_order_relaxed); }
+  std::uint64_t audit_rows_dropped() const override { return dropped_rows_.load(std::memory_order_relaxed); }
   void inject_commit_failure(bool on) override { inject_failure_.store(on); }
   std::uint64_t commit_count() const override { return commits_.load(); }
 
@@ -458,6 +460,7 @@ class OwnedStore final : public Store {
     using Clock = std::chrono::steady_clock;
     std::vector<Item> batch;
     Retention retention;
+    bool last_try = false;        // stopping: the rows in retry_ had their last attempt
     bool prune_more = false;      // the last chunk may have left more to delete
     bool prune_now = false;       // retention was just set
     auto last_prune = Clock::now() - kPruneIdleInterval;
@@ -466,13 +469,25 @@ class OwnedStore final : public Store {
         std::unique_lock lk(mu_);
         auto wake = [&] { return stopping_ || !queue_.empty() || retention_changed_; };
         if (!prune_more && !wake()) {
-          if (max_age_ms_ > 0 || max_rows_ > 0)
+          if (!retry_.empty())  // rows of a failed batch: try them again soon, even if idle
+            cv_.wait_for(lk, kRetryInterval, wake);
+          else if (max_age_ms_ > 0 || max_rows_ > 0)
             cv_.wait_for(lk, kPruneIdleInterval, wake);
           else
             cv_.wait(lk, wake);
         }
-        if (queue_.empty() && stopping_) return;  // stopping and drained
+        if (queue_.empty() && stopping_) {  // stopping and drained: rows still to retry get one last try
+          if (retry_.empty() || last_try) {
+            dropped_rows_.fetch_add(retry_.size(), std::memory_order_relaxed);
+            return;
+          }
+          last_try = true;
+        }
         batch.swap(queue_);                        // both keep their capacity: no reallocation per batch
+        if (!retry_.empty()) {
+          batch.insert(batch.begin(), std::make_move_iterator(retry_.begin()), std::make_move_iterator(retry_.end()));
+          retry_.clear();
+        }
         retention = Retention{max_age_ms_, max_rows_};
         if (retention_changed_) prune_now = true;
         retention_changed_ = false;
@@ -522,15 +537,29 @@ class OwnedStore final : public Store {
         // An observer must not kill the store thread either.
       }
     }
+    std::size_t kept = 0;
     for (auto& it : batch) {
-      if (!it.done) continue;
+      if (!it.done) {
+        // Fire-and-forget rows (observe mode's would-be rejections: their writes went through)
+        // have nobody to tell; they stay queued for the next batch instead of being lost, up to a
+        // bound, so a store that stays broken cannot take all memory.
+        if (!s.ok() && it.kind == Item::kAudit) {
+          if (retry_.size() < kMaxRetryRows) {
+            retry_.push_back(std::move(it));
+            ++kept;
+          } else {
+            dropped_rows_.fetch_add(1, std::memory_order_relaxed);
+          }
+        }
+        continue;
+      }
       try {
         it.done(s);
       } catch (...) {
         // A throwing completion must not kill the store thread.
       }
     }
-    pending_.fetch_sub(batch.size(), std::memory_order_relaxed);
+    pending_.fetch_sub(batch.size() - kept, std::memory_order_relaxed);  // kept rows are still waiting
     batch.clear();
   }
 
@@ -640,6 +669,12 @@ class OwnedStore final : public Store {
     return Status::Error("store commit failed on " + path_ + ": " + err);
   }
 
+  // Fire-and-forget audit rows whose batch failed, for the next one (store thread only).
+  static constexpr std::size_t kMaxRetryRows = 10000;
+  static constexpr std::chrono::milliseconds kRetryInterval{500};
+  std::vector<Item> retry_;
+  std::atomic<std::uint64_t> dropped_rows_{0};
+
   // Constant after construction
   const std::string path_;
   const int lock_fd_;
@@ -714,6 +749,32 @@ class ReadOnlyStore final : public Store {
   std::mutex mu_;
   Reader reader_;  // guarded by mu_
 };
+
+// The name the database is owned under. The owner lock (and SQLite's -wal and -shm files) go by
+// file name, so every name of one file must lead to the same lock: a symbolic link is resolved to
+// the file it names, and a file with several hard links is refused (two names, two locks, two
+// owners each with its own idea of the generations). Returns "" with *out set, or an error.
+std::string owned_name(const std::string& path, std::string* out) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {  // not there yet: created under this name
+    *out = path;
+    return {};
+  }
+  if (S_ISLNK(st.st_mode)) {
+    char buf[PATH_MAX];
+    if (::realpath(path.c_str(), buf) == nullptr)
+      return "cannot open database " + path + ": it is a symbolic link, and what it names cannot be resolved: " +
+             std::strerror(errno);
+    *out = buf;
+    if (::stat(buf, &st) != 0) return "cannot open database " + path + ": " + std::strerror(errno);
+  } else {
+    *out = path;
+  }
+  if (S_ISREG(st.st_mode) && st.st_nlink > 1)
+    return "cannot open database " + path + ": the file has " + std::to_string(st.st_nlink) +
+           " hard links; fencegate's owner lock goes by file name, so a database must have one name only";
+  return {};
+}
 
 // Takes the ownership lock. Returns the fd, or -1 with *error set.
 int take_lock(const std::string& path, std::string* error) {
@@ -806,9 +867,14 @@ std::string check_readable(sqlite3* db, const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<Store> Store::open(const std::string& path, std::string* error) {
+std::unique_ptr<Store> Store::open(const std::string& given, std::string* error) {
   std::string ignored;
   if (!error) error = &ignored;
+  std::string path;
+  if (auto e = owned_name(given, &path); !e.empty()) {
+    *error = e;
+    return nullptr;
+  }
   int fd = take_lock(path, error);
   if (fd < 0) return nullptr;
   sqlite3* wdb = open_db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, error);

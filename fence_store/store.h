@@ -9,16 +9,19 @@
 // thread drains everything queued into one transaction and commits once (group commit: a flood of
 // rows costs one fsync per batch), then calls every completion, on the store thread. Completions
 // must be quick and must not call back into the Store synchronously with blocking waits; post the
-// result to your own executor.
+// result to your own executor. A failed batch fails every completion; its fire-and-forget audit
+// rows are kept and written with a later batch (retried every 500 ms while idle).
 //
 // Thread-safety: every public method is thread-safe.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace fencegate::store {
@@ -57,6 +60,14 @@ struct AuditRow {
   std::string mode;                       // enforce | observe
   std::string user_agent;
 };
+
+// Every decision an audit row can record (what the proxy writes; queries filter on these).
+inline constexpr std::array<std::string_view, 10> kAuditDecisions = {
+    "rejected_stale",     "rejected_missing",     "rejected_malformed",
+    "would_reject_stale", "would_reject_missing", "would_reject_malformed",
+    // authority-linked fencing (a route with an "authority")
+    "rejected_not_leader", "rejected_unknown_generation", "would_reject_not_leader",
+    "would_reject_unknown_generation"};
 
 struct AuditQuery {
   std::string resource, decision, leader;  // "" = any
@@ -139,6 +150,11 @@ class Store {
   // Number of items waiting for the store thread (queued or in the batch being committed; an item
   // leaves the count once its completion has run).
   virtual std::size_t queue_depth() const = 0;
+
+  // Fire-and-forget audit rows (append_audit without `done`) given up on: when a batch fails they
+  // are kept for the next one, up to 10000; this counts those beyond that bound. Rows still kept
+  // when the store closes are tried once more, then count here too if that fails.
+  virtual std::uint64_t audit_rows_dropped() const { return 0; }
 
   // Number of batches (transactions, one fsync each) committed successfully so far. For metrics
   // (fencegate_store_commits_total) and group-commit tests. Read-only stores report 0.

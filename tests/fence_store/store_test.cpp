@@ -247,6 +247,38 @@ TEST_CASE("one owner at a time; read-only readers work while it runs") {
   CHECK(by_name(ro->load_all())["r"].generation == 4);
 }
 
+TEST_CASE("every name of one database leads to the same owner: symlinks resolve, hard links are refused") {
+  TempDir t;
+  auto first = must_open(t.db());
+  REQUIRE(advance_sync(*first, "r", 9, "L").ok());
+  const std::string sym = t.dir + "/other-name.db";
+  fs::create_symlink(t.db(), sym);
+  std::string err;
+  // Else a second fencegate would own the same file under its own lock and its own generations.
+  CHECK(Store::open(sym, &err) == nullptr);
+  CHECK(err.find("is already owned by another fencegate") != std::string::npos);
+  first.reset();
+  {
+    auto via_link = must_open(sym);  // with no owner, the link opens the same database
+    CHECK(by_name(via_link->load_all())["r"].generation == 9);
+    CHECK(Store::open(t.db(), &err) == nullptr);  // and then the real name is the one taken
+    CHECK(err.find("is already owned by another fencegate") != std::string::npos);
+  }
+  const std::string hard = t.dir + "/hard.db";
+  fs::create_hard_link(t.db(), hard);
+  for (const std::string& name : {t.db(), hard, sym}) {
+    INFO(name);
+    CHECK(Store::open(name, &err) == nullptr);
+    CHECK(err == "cannot open database " + name +
+                     ": the file has 2 hard links; fencegate's owner lock goes by file name, so a database "
+                     "must have one name only");
+  }
+  fs::remove(t.dir + "/dangling.db");
+  fs::create_symlink(t.dir + "/missing/x.db", t.dir + "/dangling.db");
+  CHECK(Store::open(t.dir + "/dangling.db", &err) == nullptr);
+  CHECK(err.find("is a symbolic link") != std::string::npos);
+}
+
 TEST_CASE("open errors are sentences naming the path") {
   TempDir t;
   std::string err;
@@ -344,8 +376,8 @@ TEST_CASE("injected commit failures fail every batch, then the store recovers") 
   CHECK_FALSE(st.ok());
   CHECK(st.message().find("injected") != std::string::npos);
   CHECK(st.message().find(t.db()) != std::string::npos);
-  s->append_audit(row("r", "lost"), {});
-  CHECK_FALSE(audit_sync(*s, row("r", "lost")).ok());
+  s->append_audit(row("r", "fire-and-forget"), {});  // nobody to tell: kept for a later batch
+  CHECK_FALSE(audit_sync(*s, row("r", "lost")).ok());   // its caller was told: not retried
   CHECK_FALSE(advance_sync(*s, "q", 1, "b").ok());
   CHECK(s->commit_count() == commits);
   CHECK(by_name(s->load_all())["r"].generation == 5);  // nothing of the failed batches landed
@@ -358,9 +390,38 @@ TEST_CASE("injected commit failures fail every batch, then the store recovers") 
   CHECK(m["r"].generation == 7);
   CHECK(m["r"].advanced_by == "c");
   CHECK(m.count("q") == 0);
-  auto rows = all_audit(*s);
-  REQUIRE(rows.size() == 1);
+  auto rows = all_audit(*s);  // newest first
+  REQUIRE(rows.size() == 2);
   CHECK(rows[0].row.decision == "kept");
+  CHECK(rows[1].row.decision == "fire-and-forget");
+  CHECK(s->audit_rows_dropped() == 0);
+}
+
+TEST_CASE("fire-and-forget rows of failed batches are retried while idle, and written at close") {
+  TempDir t;
+  {
+    auto s = must_open(t.db());
+    s->inject_commit_failure(true);
+    for (int i = 0; i < 3; ++i) s->append_audit(row("r", "observe-" + std::to_string(i)), {});
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // their batch has failed
+    CHECK(all_audit(*s).empty());
+    CHECK(s->queue_depth() == 3);  // still waiting
+    s->inject_commit_failure(false);
+    // Nothing else is queued: the idle retry (every 500 ms) writes them.
+    for (int i = 0; i < 300 && all_audit(*s).size() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    CHECK(all_audit(*s).size() == 3);
+    CHECK(s->queue_depth() == 0);
+
+    s->inject_commit_failure(true);
+    s->append_audit(row("r", "at-close"), {});
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    s->inject_commit_failure(false);
+    // closed before the idle retry comes round: the close tries them once more
+  }
+  auto s = must_open(t.db());
+  auto rows = all_audit(*s);
+  REQUIRE(rows.size() == 4);
+  CHECK(rows[0].row.decision == "at-close");
 }
 
 TEST_CASE("a real I/O failure (RLIMIT_FSIZE exceeded) fails closed and recovers") {
