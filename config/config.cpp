@@ -188,8 +188,15 @@ std::string check_log_level(std::string_view s) {
 }
 
 std::string check_header_name(std::string_view s) {
-  if (is_token(s) && s.size() <= 256) return {};
-  return "must be a valid HTTP header name (got " + quote(s) + ")";
+  if (!is_token(s) || s.size() > 256) return "must be a valid HTTP header name (got " + quote(s) + ")";
+  // Fields the proxy frames, routes or strips itself: a token there would be read from (or lost
+  // with) something else. "_" reads as "-" on CGI-style stacks.
+  std::string l = lower(s);
+  std::replace(l.begin(), l.end(), '_', '-');
+  for (const char* reserved : {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "te",
+                               "trailer", "upgrade", "expect", "proxy-connection", "x-forwarded-for", "forwarded"})
+    if (l == reserved) return "must not be " + quote(s) + ", a field the proxy itself frames, routes or rewrites";
+  return {};
 }
 
 struct StrField {

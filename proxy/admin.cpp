@@ -2,12 +2,15 @@
 // (SQLite reads for audit queries, reloads) ever runs on a data-path I/O thread.
 #include "proxy/admin.h"
 
+#include <algorithm>
 #include <boost/asio.hpp>
 #include <csignal>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <thread>
 
+#include "config/router.h"
 #include "fence_store/store.h"
 #include "proxy/authority.h"
 #include "proxy/fence.h"
@@ -55,10 +58,14 @@ const char* reason(unsigned s) {
   }
 }
 
+// The audit log and the fence state hold request bytes as they came (a header value need not be
+// UTF-8): invalid sequences are sent as U+FFFD rather than failing the whole answer.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
+
 Reply json_reply(unsigned status, const json& j) {
   Reply r;
   r.status = status;
-  r.body = j.dump() + "\n";
+  r.body = dump(j);
   return r;
 }
 
@@ -68,7 +75,7 @@ Reply problem(unsigned status, std::string type, std::string title, std::string 
   Reply r;
   r.status = status;
   r.content_type = "application/problem+json";
-  r.body = j.dump() + "\n";
+  r.body = dump(j);
   return r;
 }
 
@@ -125,7 +132,7 @@ std::map<std::string, std::string> parse_query(std::string_view q, std::string* 
 }
 
 bool valid_resource_name(std::string_view r) {
-  if (r.empty() || r.size() > 256) return false;
+  if (r.empty() || r.size() > config::kMaxResourceName) return false;
   for (unsigned char c : r)
     if (!(std::isalnum(c) || c == '.' || c == '_' || c == '~' || c == '-' || c == ':')) return false;
   return true;
@@ -443,6 +450,9 @@ Reply AdminSession::metrics() {
   out += "# HELP fencegate_audit_queue_depth Items waiting for the store thread.\n";
   out += "# TYPE fencegate_audit_queue_depth gauge\n";
   out += "fencegate_audit_queue_depth " + std::to_string(rt.store.queue_depth()) + "\n";
+  out += "# HELP fencegate_audit_rows_dropped_total Observe-mode audit rows given up on after failed commits.\n";
+  out += "# TYPE fencegate_audit_rows_dropped_total counter\n";
+  out += "fencegate_audit_rows_dropped_total " + std::to_string(rt.store.audit_rows_dropped()) + "\n";
   std::string why;
   out += "# HELP fencegate_store_ok 1 if the last store commit succeeded.\n# TYPE fencegate_store_ok gauge\n";
   out += std::string("fencegate_store_ok ") + (rt.store_ok(&why) ? "1" : "0") + "\n";
@@ -497,9 +507,22 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     g = *t;
   }
   if (!body.empty()) {
-    json j = json::parse(body, nullptr, false);
+    // A repeated key is refused, not resolved (nlohmann keeps the last one): {"generation": 9,
+    // "generation": 6} must not mean whichever a reader of the request happens to pick.
+    std::set<std::string> keys;
+    std::string repeated;
+    json j = json::parse(
+        body,
+        [&](int depth, json::parse_event_t ev, json& parsed) {
+          if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string() &&
+              !keys.insert(parsed.get<std::string>()).second && repeated.empty())
+            repeated = parsed.get<std::string>();
+          return true;
+        },
+        false);
     if (j.is_discarded() || !j.is_object())
       co_return problem(400, "bad-json", "Bad request", "the body must be a JSON object {\"generation\": N, \"leader\": \"...\"}");
+    if (!repeated.empty()) co_return problem(400, "bad-json", "Bad request", "duplicate key \"" + repeated + "\"");
     for (auto& [k, v] : j.items())
       if (k != "generation" && k != "leader")
         co_return problem(400, "bad-json", "Bad request", "unknown key \"" + k + "\"");
@@ -657,6 +680,13 @@ Reply AdminSession::audit(const std::map<std::string, std::string>& q) {
   store::AuditQuery aq;
   aq.resource = param(q, "resource");
   aq.decision = param(q, "decision");
+  if (!aq.decision.empty() &&
+      std::find(store::kAuditDecisions.begin(), store::kAuditDecisions.end(), aq.decision) ==
+          store::kAuditDecisions.end()) {
+    std::string known;
+    for (auto d : store::kAuditDecisions) known += (known.empty() ? "" : ", ") + std::string(d);
+    return problem(400, "bad-query", "Bad request", "decision \"" + aq.decision + "\": unknown; one of " + known);
+  }
   aq.leader = param(q, "leader");
   std::string err;
   std::int64_t limit = 100, cursor = 0;
@@ -723,7 +753,7 @@ std::unique_ptr<AdminServer> AdminServer::start(Runtime& rt, const config::Endpo
     return nullptr;
   }
   auto bound = a->acceptor.local_endpoint(ec);
-  log::info("admin listening", {log::kv("address", bound.address().to_string() + ":" + std::to_string(bound.port())),
+  log::info("admin listening", {log::kv("address", (bound.address().is_v6() ? "[" + bound.address().to_string() + "]" : bound.address().to_string()) + ":" + std::to_string(bound.port())),
                                 log::kv("auth", rt.snapshot()->cfg->admin.token.empty() ? "none (loopback)" : "bearer")});
   Admin* raw = a.get();
   net::co_spawn(a->ioc, raw->accept_loop(), net::detached);

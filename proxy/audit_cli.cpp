@@ -39,12 +39,7 @@ constexpr int kPage = 1000;           // the store's largest page
 constexpr std::chrono::milliseconds kPollInterval{250};
 constexpr std::size_t kMaxCell = 64;  // table cells longer than this are cut ("..."); --json is whole
 
-constexpr std::array<std::string_view, 10> kDecisions = {
-    "rejected_stale",     "rejected_missing",     "rejected_malformed",
-    "would_reject_stale", "would_reject_missing", "would_reject_malformed",
-    // authority-linked fencing (a route with an "authority")
-    "rejected_not_leader", "rejected_unknown_generation", "would_reject_not_leader",
-    "would_reject_unknown_generation"};
+constexpr const auto& kDecisions = store::kAuditDecisions;
 
 constexpr const char* kUsage =
     "Usage: fencegate audit --db PATH [flags]\n"

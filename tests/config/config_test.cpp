@@ -283,6 +283,21 @@ TEST_CASE("token and leader headers must differ case-insensitively") {
   CHECK(has_error(r, "leader_header: must differ from token_header (both are \"x-fence\")"));
 }
 
+TEST_CASE("token and leader headers cannot be fields the proxy frames, routes or rewrites") {
+  for (const char* name : {"Host", "content-length", "Transfer_Encoding", "Connection", "TE", "Expect",
+                           "X-Forwarded-For", "Forwarded", "Upgrade"}) {
+    CAPTURE(name);
+    auto r = load_json(std::string(R"({"token_header": ")") + name + R"(", "leader_header": "X-L",
+                         "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+    CHECK(has_error(r, std::string("token_header: must not be \"") + name +
+                           "\", a field the proxy itself frames, routes or rewrites"));
+    auto l = load_json(std::string(R"({"leader_header": ")") + name + R"(",
+                         "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+    CHECK(has_error(l, std::string("leader_header: must not be \"") + name +
+                           "\", a field the proxy itself frames, routes or rewrites"));
+  }
+}
+
 TEST_CASE("validate() catches bad values in a Config built in code") {
   Config c;
   c.routes.push_back(Route{});

@@ -311,7 +311,8 @@ TEST_CASE("admin: fence by JSON body; stale gets 409 problem+json and an audit r
   auto stale_body = fence_call(admin, "ledger", {}, R"({"generation": 5})");
   CHECK(stale_body.code() == 409);
   for (const char* bad : {R"({"generation": 0})", R"({"generation": -3})", R"({"generation": "13"})",
-                          R"({"generation": 1.5})", R"({"gen": 13})", "not json"}) {
+                          R"({"generation": 1.5})", R"({"gen": 13})", "not json",
+                          R"({"generation": 13, "generation": 6})"}) {  // a repeated key is refused, not resolved
     CAPTURE(bad);
     CHECK(fence_call(admin, "ledger", {}, bad).code() == 400);
   }
@@ -810,6 +811,38 @@ TEST_CASE("admin: audit retention (--audit-max-rows, --audit-max-age) prunes in 
     CHECK(pruned);
     CHECK(targets_of(rows) == std::vector<std::string>{"/fresh"});
   }
+}
+
+TEST_CASE("admin: bytes that are not UTF-8 in a leader or User-Agent come back as U+FFFD, never a 500") {
+  RecordingUpstream up;
+  Proxy px(config_spec(two_route_config(up)));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  // Latin-1 "café" as the leader that advances; a stale write with a lone 0xFF User-Agent.
+  REQUIRE(is_2xx(request(px.port(), "POST", "/w", token(5, {{"Fencing-Leader", "caf\xe9"}}))));
+  CHECK(request(px.port(), "POST", "/w", token(3, {{"User-Agent", "\xff"}})).code() == 409);
+  const std::string fffd = "\xef\xbf\xbd";
+  for (const char* path : {"/v1/resources", "/v1/resources/ledger", "/v1/audit", "/v1/audit/unfenced"}) {
+    CAPTURE(path);
+    CHECK(request(admin, "GET", path).code() == 200);
+  }
+  CHECK(admin_json(admin, "/v1/resources/ledger")["advanced_by"] == "caf" + fffd);
+  auto rows = audit_rows(admin, "?resource=ledger");
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0]["user_agent"] == fffd);
+}
+
+TEST_CASE("admin: an unknown audit decision filter is a 400 naming the known ones, not an empty page") {
+  RecordingUpstream up;
+  Proxy px(config_spec(two_route_config(up)));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  auto r = request(admin, "GET", "/v1/audit?decision=rejected_stal");
+  CHECK(r.code() == 400);
+  CHECK(body_json(r)["detail"].get<std::string>().find("rejected_stale") != std::string::npos);
+  CHECK(request(admin, "GET", "/v1/audit?decision=would_reject_missing").code() == 200);
 }
 
 }  // TEST_SUITE admin_audit
