@@ -1853,7 +1853,9 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     for (const auto& f : rh.fields) {
       const FieldKind k = f.kind;
       if (is_hop_by_hop(k) || k == FieldKind::transfer_encoding) continue;
-      if (k == FieldKind::content_length && body != Body::none) continue;
+      // A 204 has no content, so no Content-Length (RFC 9110 8.6): a client that believed one
+      // would wait for bytes that never come, or read the next response as them.
+      if (k == FieldKind::content_length && (body != Body::none || rh.status == 204)) continue;
       if ((marks.generation && k == FieldKind::fencing_generation) ||
           (!marks.observe.empty() && k == FieldKind::fencing_observe))
         continue;
