@@ -258,7 +258,7 @@ Router::Match Router::match(std::string_view target) const {
     if (!ok) continue;
     // Longest match; then an exact one over one without the trailing '/'; then fewer captures.
     if (best == nullptr || pos > best_len ||
-        (pos == best_len && (best_loose && !loose || (best_loose == loose && c.captures < best->captures)))) {
+        (pos == best_len && ((best_loose && !loose) || (best_loose == loose && c.captures < best->captures)))) {
       best = &c;
       best_len = pos;
       best_loose = loose;
