@@ -954,6 +954,15 @@ void Worker::start_watchdog() {
 int Session::scan_head(std::size_t* checked, std::size_t* head_len) {
   const auto& cfg = this->cfg();
   std::string_view data = sc_->in.view();
+  // Empty lines before a request line are ignored (RFC 9112 2.2): some clients send a CRLF after
+  // a body. They are dropped here, so nothing of them reaches the upstream.
+  std::size_t blank = 0;
+  while (data.size() - blank >= 2 && data[blank] == '\r' && data[blank + 1] == '\n') blank += 2;
+  if (blank) {
+    sc_->in.consume(blank);
+    data = sc_->in.view();
+    *checked = 0;
+  }
   if (data.empty()) return 0;
   // Cheap incremental check first; the full scan runs once the head looks complete.
   const std::size_t from = *checked;

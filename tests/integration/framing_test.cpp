@@ -126,6 +126,38 @@ TEST_CASE("framing: a bad request on a keep-alive connection stops that connecti
   CHECK(reqs[0].target == "/first");
 }
 
+TEST_CASE("framing: empty lines before a request line are ignored, and not forwarded") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  // One CRLF before the first request, and the stray CRLF some clients send after a body.
+  REQUIRE(c.send("\r\nPOST /a HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\nContent-Length: 2\r\n\r\nab\r\n"
+                 "\r\nPOST /b HTTP/1.1\r\nHost: a\r\nFencing-Token: 1\r\nContent-Length: 2\r\n\r\ncd"));
+  for (int i = 0; i < 2; ++i) {
+    auto r = c.read_response();
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.response.status == 200);
+  }
+  auto reqs = up.requests();
+  REQUIRE(reqs.size() == 2);
+  CHECK(reqs[0].target == "/a");
+  CHECK(reqs[0].body == "ab");
+  CHECK(reqs[1].target == "/b");
+  CHECK(reqs[1].body == "cd");
+  // A line that is not empty is still a bad request line.
+  HttpClient d;
+  REQUIRE(d.connect(px.port()));
+  REQUIRE(d.send(" \r\nGET /c HTTP/1.1\r\nHost: a\r\n\r\n"));
+  auto r = d.read_response();
+  REQUIRE(r.ok());
+  CHECK(r.response.status == 400);
+  CHECK(up.requests().size() == 2);
+}
+
 TEST_CASE("framing: oversized header 431, oversized body 413, slow header 408") {
   RecordingUpstream up;
   Proxy px(spec_for(up, {"--max-header-bytes", "4096", "--max-body-bytes", "1000", "--header-timeout-ms", "500"}));
