@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "election_client/base64.h"
+#include "election_client/etcd_json.h"
 
 #include "proxy/fence.h"
 #include "proxy/log.h"
@@ -20,20 +21,6 @@ constexpr std::chrono::milliseconds kMinProbe{50};
 constexpr std::chrono::milliseconds kMaxProbe{1000};
 constexpr std::chrono::milliseconds kRequestTimeout{1000};
 constexpr std::chrono::milliseconds kConnectTimeout{300};
-
-std::int64_t json_i64(const nlohmann::json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end()) return 0;
-  if (it->is_number_integer()) return it->get<std::int64_t>();
-  if (it->is_string()) {
-    try {
-      return std::stoll(it->get<std::string>());
-    } catch (...) {
-      return 0;
-    }
-  }
-  return 0;
-}
 
 // A leader id for logs and advanced_by: the campaign value if it is short printable text.
 std::string printable_or(const std::string& v, const std::string& fallback) {
@@ -281,8 +268,8 @@ void Authority::fetch_ttl() {
                                                       log::kv("error", st.ok() ? text.substr(0, 200) : st.to_string())});
     return;
   }
-  std::int64_t granted = json_i64(j, "grantedTTL");
-  std::int64_t remaining = json_i64(j, "TTL");
+  std::int64_t granted = election::detail::i64(j, "grantedTTL");
+  std::int64_t remaining = election::detail::i64(j, "TTL");
   std::lock_guard lk(mu_);
   if (view_.leader_lease() != lease) return;
   ttl_lease_ = lease;
