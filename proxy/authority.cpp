@@ -432,6 +432,19 @@ void Authorities::advance(const config::Authority& a, std::int64_t g, const std:
   const std::string lead = leader.substr(0, snap->cfg->max_leader_bytes);
   std::vector<ResourceView> held;
   bool have_held = false;
+  // A held resource that some other route (another election's, or one with none) may also name
+  // is not this election's to advance: "{name}" matches every resource there is, and advancing
+  // another election's resource to this leader's revision would fence out that election's own
+  // leader. Such a resource is still checked against this election on every request through
+  // this route; only the advance ahead of the first write is skipped.
+  auto claimed_elsewhere = [&](const std::string& name) {
+    for (const auto& o : snap->cfg->routes) {
+      if (o.authority && *o.authority == a) continue;
+      if (o.resource.find('{') == std::string::npos ? o.resource == name : resource_matches_template(o.resource, name))
+        return true;
+    }
+    return false;
+  };
   for (const auto& r : snap->cfg->routes) {
     if (!r.authority || !(*r.authority == a) || r.mode == config::Mode::off) continue;
     std::vector<std::string> resources;
@@ -443,7 +456,7 @@ void Authorities::advance(const config::Authority& a, std::int64_t g, const std:
         have_held = true;
       }
       for (const auto& v : held)
-        if (resource_matches_template(r.resource, v.name)) resources.push_back(v.name);
+        if (resource_matches_template(r.resource, v.name) && !claimed_elsewhere(v.name)) resources.push_back(v.name);
     }
     for (const auto& res : resources) {
       // Fire and forget: the decision arrives on the store or timer thread; the node lives until

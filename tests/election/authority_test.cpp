@@ -40,6 +40,17 @@ class AuthProxy {
                            {"authority", authority}}}}};
     write_file(dir_->file("fencegate.json"), c.dump(2));
   }
+  // With the given routes instead (each may carry its own "authority").
+  AuthProxy(json routes)
+      : dir_(std::make_unique<TempDir>("fencegate-authority")), port_(free_port()), admin_port_(free_port()) {
+    while (admin_port_ == port_) admin_port_ = free_port();
+    json c = {{"listen", "127.0.0.1:" + std::to_string(port_)},
+              {"db", db()},
+              {"threads", 2},
+              {"admin", {{"listen", "127.0.0.1:" + std::to_string(admin_port_)}}},
+              {"routes", std::move(routes)}};
+    write_file(dir_->file("fencegate.json"), c.dump(2));
+  }
 
   bool start() {
     ProcessOptions o;
@@ -65,9 +76,9 @@ class AuthProxy {
     if (!leader.empty()) h.emplace_back("Fencing-Leader", leader);
     return request(port_, "POST", "/ledger/charge", h, "{\"amount\": 1}", timeout);
   }
-  // Stored generation of "ledger" from GET /v1/resources/ledger; 0 if unknown.
-  std::int64_t generation() const {
-    auto r = request(admin_port_, "GET", "/v1/resources/ledger", {}, {}, 5s);
+  // Stored generation of "ledger" (or `resource`) from GET /v1/resources/{id}; 0 if unknown.
+  std::int64_t generation(const std::string& resource = "ledger") const {
+    auto r = request(admin_port_, "GET", "/v1/resources/" + resource, {}, {}, 5s);
     if (r.code() != 200) return 0;
     json j = json::parse(r.response.body, nullptr, false);
     return j.is_object() && j.contains("generation") ? j["generation"].get<std::int64_t>() : 0;
@@ -207,6 +218,49 @@ TEST_CASE("authority: a new leader is fenced in before it writes; candidates, fo
   auto cli = run_command({kFencegate, "audit", "--db", proxy.db(), "--decision", "rejected_unknown_generation", "--json"}, 10s);
   CHECK_MESSAGE(cli.code() == 0, cli.err);
   CHECK(cli.out.find("9223372036854775807") != std::string::npos);
+  proxy.stop();
+}
+
+TEST_CASE("authority: a new leader's advance leaves resources another election's route may name alone") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream upstream;
+  // "{name}" matches every resource name, "ledger" included; "ledger" is payroll's.
+  AuthProxy proxy(json::array(
+      {{{"prefix", "/t/{name}/"}, {"upstream", upstream.url()}, {"resource", "{name}"},
+        {"authority", {{"etcd", {etcd.url()}}, {"election", "billing"}}}},
+       {{"prefix", "/ledger/"}, {"upstream", upstream.url()}, {"resource", "ledger"},
+        {"authority", {{"etcd", {etcd.url()}}, {"election", "payroll"}}}}}));
+  INFO(proxy.log());
+  REQUIRE(proxy.start());
+  Client c(client_options(etcd));
+  auto write_t = [&](const std::string& name, std::int64_t g) {
+    return request(proxy.port(), "POST", "/t/" + name + "/x", {{"Fencing-Token", std::to_string(g)}}, "{}", 10s);
+  };
+
+  LeaseGrant lb1, lp, lb2;
+  REQUIRE(c.grant(10, &lb1).ok());
+  REQUIRE(c.grant(10, &lp).ok());
+  REQUIRE(c.grant(10, &lb2).ok());
+  LeaderKey b1, p, b2;
+  REQUIRE(c.campaign("billing", lb1.id, "bill-1", &b1).ok());
+  REQUIRE(eventually([&] { return write_t("acme", b1.rev).code() == 200; }, 10s));  // billing holds "acme"
+  REQUIRE(c.campaign("payroll", lp.id, "pay", &p).ok());
+  CHECK(eventually([&] { return proxy.generation("ledger") == p.rev; }, 10s));
+  auto r = proxy.write(p.rev, "pay");
+  CHECK_MESSAGE(r.code() == 200, describe(r));
+
+  // Billing's next leader: its own resource is fenced in ahead of its writes...
+  REQUIRE(c.resign(b1, 3s).ok());
+  REQUIRE(c.campaign("billing", lb2.id, "bill-2", &b2).ok());
+  REQUIRE(b2.rev > p.rev);
+  CHECK(eventually([&] { return proxy.generation("acme") == b2.rev; }, 10s));
+  // ...but payroll's is not: its leader still leads and still writes.
+  CHECK(proxy.generation("ledger") == p.rev);
+  r = proxy.write(p.rev, "pay");
+  CHECK_MESSAGE(r.code() == 200, describe(r));
+  CHECK(write_t("acme", b1.rev).code() == 409);
   proxy.stop();
 }
 
