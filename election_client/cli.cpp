@@ -108,7 +108,8 @@ constexpr const char* kLeaderUsage =
     "Flags:\n"
     "  --etcd URLS        etcd client URLs, comma-separated (http://host:port), required\n"
     "  --election NAME    election name, required\n"
-    "  --timeout-ms MS    per-request timeout (default 5000)\n"
+    "  --timeout-ms MS    how long to look for the leader, shared among the --etcd endpoints\n"
+    "                     (one that hangs does not use it all; default 5000)\n"
     "\n"
     "Exit codes: 0 printed; 1 etcd unreachable or error; 2 bad flags; 3 no leader.\n";
 
@@ -667,12 +668,19 @@ int run_leader(const std::vector<std::string>& args) {
   if (election.empty()) r.errors.push_back("--election: required");
   if (!r.errors.empty()) return usage_error("leader", r.errors);
   signal(SIGPIPE, SIG_IGN);
+  // The time is shared among the endpoints: a call that times out ends there and the next one
+  // starts on the next endpoint, so one hung member must not use all of it.
   ClientOptions o;
   o.endpoints = eps;
-  o.request_timeout = milliseconds(timeout_ms);
+  o.request_timeout = std::max(milliseconds(timeout_ms) / static_cast<long>(eps.size()),
+                               std::min(milliseconds(200), milliseconds(timeout_ms)));
   Client c(o);
   KeyValue kv;
+  const auto until = std::chrono::steady_clock::now() + milliseconds(timeout_ms);
   Status st = c.leader(election, &kv);
+  for (std::size_t tried = 1; st.is_unavailable() && tried < eps.size() && std::chrono::steady_clock::now() < until;
+       ++tried)
+    st = c.leader(election, &kv);
   if (st.is_no_leader()) {
     std::fprintf(stderr, "fencegate leader: election \"%s\" has no leader\n", election.c_str());
     return kExitNoLeader;

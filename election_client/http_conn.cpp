@@ -280,8 +280,9 @@ Status HttpConnection::post(std::string_view target, std::string_view body, std:
     m.drop();
     if (!errors.empty()) errors += "; ";
     errors += origin + ": " + (a.ec == beast::error::timeout ? std::string("timed out") : a.ec.message());
-    // A kept-alive connection the server had already closed: retry the same endpoint once.
-    if (!was_reused) m.advance();
+    // A kept-alive connection the server had already closed: retry the same endpoint once. Not
+    // after a timeout: a member that hangs would get every later call too.
+    if (!was_reused || a.ec == beast::error::timeout) m.advance();
     if (Clock::now() >= deadline) break;
   }
   return Status::Unavailable(errors);
@@ -316,7 +317,7 @@ Status HttpConnection::stream(std::string_view target, std::string_view body, st
     m.drop();
     if (!errors.empty()) errors += "; ";
     errors += origin + ": " + (a.ec == beast::error::timeout ? std::string("timed out") : a.ec.message());
-    if (!was_reused) m.advance();
+    if (!was_reused || a.ec == beast::error::timeout) m.advance();
     if (Clock::now() >= deadline) break;
   }
   return Status::Unavailable(errors);

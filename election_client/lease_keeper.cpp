@@ -114,12 +114,13 @@ void LeaseKeeper::loop() {
       cv_.wait_until(lk, wake);
       continue;
     }
-    // Renew. While active, give up on this request by the deadline so jeopardy is reported on time.
-    milliseconds timeout = client_.options().request_timeout;
+    // Renew. While active, give up on this request by the deadline so jeopardy is reported on time,
+    // and after half a renewal period at most: a member that hangs (a blackholed link, a stalled
+    // disk) must leave time to retry on the next endpoint before the deadline, or one bad member
+    // of a healthy cluster would cost the leadership.
+    milliseconds timeout = std::min(client_.options().request_timeout, std::max(renew_every() / 2, milliseconds(250)));
     if (state_ == State::active)
       timeout = std::min(timeout, std::chrono::duration_cast<milliseconds>(deadline_ - now) + 1ms);
-    else
-      timeout = std::min(timeout, renew_every());
     timeout = std::max(timeout, milliseconds(100));
     const std::int64_t id = lease_id_.load();
     lk.unlock();

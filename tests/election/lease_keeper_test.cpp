@@ -2,6 +2,12 @@
 // when etcd stops answering, loss when the lease is revoked behind its back.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 
@@ -42,7 +48,110 @@ struct Recorder {
   }
 };
 
+// A TCP forwarder on 127.0.0.1 in front of `target_port`; after hold() it keeps every connection
+// open and passes nothing either way: an etcd member behind a blackholed link, or hung.
+class Blackhole {
+ public:
+  explicit Blackhole(std::uint16_t target_port) : target_(target_port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    REQUIRE(::listen(fd_, 16) == 0);
+    accepter_ = std::thread([this] { accept_loop(); });
+  }
+  ~Blackhole() {
+    stop_ = true;
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    accepter_.join();
+    for (auto& t : pumps_) t.join();
+  }
+  void hold() { held_ = true; }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  void accept_loop() {
+    for (;;) {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      if (c < 0) return;
+      const int u = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(target_);
+      if (::connect(u, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(c);
+        ::close(u);
+        continue;
+      }
+      pumps_.emplace_back([this, c, u] { pump(c, u); });
+    }
+  }
+  void pump(int a, int b) {
+    pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    char buf[16384];
+    while (!stop_) {
+      if (held_) {
+        std::this_thread::sleep_for(20ms);
+        continue;
+      }
+      if (::poll(fds, 2, 50) <= 0) continue;
+      for (int i = 0; i < 2; ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+        if (n <= 0 || ::send(fds[1 - i].fd, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL) != n) {
+          ::close(a);
+          ::close(b);
+          return;
+        }
+      }
+    }
+    ::close(a);
+    ::close(b);
+  }
+
+  std::uint16_t target_, port_ = 0;
+  int fd_ = -1;
+  std::atomic<bool> held_{false}, stop_{false};
+  std::thread accepter_;
+  std::vector<std::thread> pumps_;  // only the accepter adds, before the destructor joins it
+};
+
 }  // namespace
+
+TEST_CASE("lease keeper: a member that hangs costs one short attempt, not the lease") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  const std::string url = etcd.url();
+  Blackhole first(static_cast<std::uint16_t>(std::stoi(url.substr(url.rfind(':') + 1))));
+  Recorder rec;
+  LeaseKeeper::Options o;
+  o.client = client_options(etcd);  // request timeout 3 s
+  o.client.endpoints = {first.url(), url};
+  o.ttl_seconds = 3;  // renewals every 1 s, deadline 2.4 s after each is sent
+  LeaseKeeper k(o, rec.callback());
+  REQUIRE(k.start().ok());  // granted through the first endpoint
+  first.hold();             // which now hangs, connection open
+  // The next renewal hangs there; given all the time to the deadline it would cost the lease.
+  // Cut short (TTL/6), it fails over to the second endpoint in time.
+  const auto until = Clock::now() + 4s;
+  bool always_valid = true;
+  while (Clock::now() < until) {
+    always_valid = always_valid && k.valid();
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(always_valid);
+  CHECK_FALSE(rec.wait_for(LeaseKeeper::State::jeopardy, 0ms).has_value());
+  CHECK(k.renewals() >= 2);
+  CHECK(k.state() == LeaseKeeper::State::active);
+  k.stop();
+}
 
 TEST_CASE("lease keeper: renews every TTL/3 and stays valid; margin is max(TTL/5, 500ms)") {
   FG_REQUIRE_ETCD();
