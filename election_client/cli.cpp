@@ -17,6 +17,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -231,10 +232,20 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
   std::vector<char*> envp;
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
+  // exec's errno comes back through a close-on-exec pipe: EOF means the exec worked.
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) return -1;
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0) return -1;
+  if (pid < 0) {
+    const int e = errno;
+    close(report[0]);
+    close(report[1]);
+    errno = e;
+    return -1;
+  }
   if (pid == 0) {
+    close(report[0]);
     setpgid(0, 0);
     // If elect dies (even by SIGKILL), the command must not keep running on its authority.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -245,11 +256,22 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
     sigprocmask(SIG_SETMASK, &none, nullptr);
     environ = envp.data();
     execvp(argv[0], argv.data());
-    const char msg[] = "{\"level\":\"error\",\"msg\":\"fencegate elect: could not exec the command\"}\n";
-    [[maybe_unused]] auto n = write(2, msg, sizeof msg - 1);
+    const int e = errno;
+    [[maybe_unused]] auto n = write(report[1], &e, sizeof e);
     _exit(127);
   }
   setpgid(pid, pid);  // also in the parent: no race with the signals we may send at once
+  close(report[1]);
+  int child_errno = 0;
+  ssize_t n;
+  do n = read(report[0], &child_errno, sizeof child_errno);
+  while (n < 0 && errno == EINTR);
+  close(report[0]);
+  if (n == static_cast<ssize_t>(sizeof child_errno)) {  // the exec failed: the child is gone
+    waitpid(pid, nullptr, 0);
+    errno = child_errno;
+    return -1;
+  }
   return pid;
 }
 
@@ -340,6 +362,15 @@ FenceResult fence_one(const ElectFlags& f, const HttpUrl& url, const std::string
     Status st = conn.post(target, body, left, &r, &cancel, headers);
     if (st.is_cancelled()) return FenceResult::cancelled;
     if (st.ok() && r.status == 200) {
+      // A fencegate fence answers with the generation it made durable: anything else (a plain
+      // upstream, a wrong URL that happens to say 200) has fenced nothing.
+      json j = json::parse(r.body, nullptr, false);
+      if (!j.is_object() || !j.contains("generation") || !j["generation"].is_number_integer() ||
+          j["generation"].get<std::int64_t>() != token) {
+        log::error("fence answered 200 without making the token durable (is it a fencegate admin URL?)",
+                   {log::kv("fence", url_text), log::kv("token", token), log::kv("body", r.body.substr(0, 500))});
+        return FenceResult::refused;
+      }
       log::info("fence advanced", {log::kv("fence", url_text), log::kv("token", token), log::kv("attempt", attempt)});
       return FenceResult::ok;
     }
@@ -519,7 +550,8 @@ int Elect::run() {
     }
     pid_t pid = spawn(f_.command, child_env(f_, token));
     if (pid < 0) {
-      log::error("could not start the command", {log::kv("error", std::strerror(errno))});
+      log::error("could not start the command",
+                 {log::kv("command", f_.command.front()), log::kv("error", std::strerror(errno))});
       give_up(*keeper, lk);
       return kExitUnavailable;
     }
@@ -620,6 +652,8 @@ int run_elect(const std::vector<std::string>& args) {
   if (etcd.empty()) r.errors.push_back("--etcd: required (e.g. http://127.0.0.1:2379)");
   else if (!parse_endpoint_list(etcd, &f.etcd, &why)) r.errors.push_back("--etcd: " + why);
   if (f.election.empty()) r.errors.push_back("--election: required");
+  if (f.id.size() > 256)  // the sidecars would refuse it as Fencing-Leader (max_leader_bytes) after winning
+    r.errors.push_back("--id: at most 256 bytes (got " + std::to_string(f.id.size()) + ")");
   if (!have_command || f.command.empty()) r.errors.push_back("a command is required after --");
   if (level == "debug") log::set_level(log::Level::debug);
   else if (level == "info") log::set_level(log::Level::info);

@@ -36,6 +36,12 @@ TEST_CASE("elect/leader: bad flags exit 2 with a message; --help exits 0") {
   r = run_command({kFencegate, "elect", "--bogus", "--", "true"}, 10s);
   CHECK(r.code() == 2);
   CHECK(r.err.find("unknown flag \"--bogus\"") != std::string::npos);
+  // Longer than any sidecar takes as Fencing-Leader: refused now, not after winning.
+  r = run_command({kFencegate, "elect", "--etcd", "http://127.0.0.1:2379", "--election", "x", "--id",
+                   std::string(300, 'i'), "--", "true"},
+                  10s);
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("--id: at most 256 bytes (got 300)") != std::string::npos);
   r = run_command({kFencegate, "elect", "--help"}, 10s);
   CHECK(r.code() == 0);
   CHECK(r.out.find("FENCING_TOKEN") != std::string::npos);
@@ -97,13 +103,19 @@ TEST_CASE("elect: the command starts only after every fence answered 200 (activa
   TempDir dir("fencegate-elect");
   std::atomic<int> command_ran_before_fence{0};
   std::string marker = dir.file("a.token");
-  RecordingUpstream fence1([&](const RecordedRequest&) {
+  // Fakes of a fencegate fence: 200 with the generation made durable, as the admin API answers.
+  auto durable = [](const RecordedRequest& req, int delay_ms) {
+    UpstreamAction a = UpstreamAction::respond(200, delay_ms);
+    a.body = json{{"generation", req.fencing_token().value_or(0)}}.dump();
+    return a;
+  };
+  RecordingUpstream fence1([&](const RecordedRequest& req) {
     if (file_exists(marker)) ++command_ran_before_fence;
-    return UpstreamAction::respond(200, 300);  // a slow, durable fence
+    return durable(req, 300);  // a slow, durable fence
   });
-  RecordingUpstream fence2([&](const RecordedRequest&) {
+  RecordingUpstream fence2([&](const RecordedRequest& req) {
     if (file_exists(marker)) ++command_ran_before_fence;
-    return UpstreamAction::respond(200, 100);
+    return durable(req, 100);
   });
   Contender a = start_contender(dir.path(), "a",
                                 {"--etcd", etcd.url(), "--election", "ledger", "--id", "worker-a", "--ttl", "3",
@@ -159,6 +171,32 @@ TEST_CASE("elect: a fence that refuses or stays unreachable: resign, exit 76, th
   CHECK_FALSE(b.started_command());
   CHECK(b.log().find("fence unreachable") != std::string::npos);
   CHECK(leader_of(etcd, "ledger").code() == 3);
+
+  // A URL that answers 200 but is no fence (here a plain upstream) has fenced nothing.
+  RecordingUpstream plain;
+  Contender c = start_contender(dir.path(), "c",
+                                {"--etcd", etcd.url(), "--election", "ledger", "--ttl", "3", "--fence",
+                                 plain.url() + "/v1/resources/ledger"});
+  st = c.process->wait_for(15s);
+  INFO(both_logs(c));
+  REQUIRE(st.has_value());
+  CHECK(st->code == 76);
+  CHECK_FALSE(c.started_command());
+  CHECK(c.log().find("without making the token durable") != std::string::npos);
+  CHECK(leader_of(etcd, "ledger").code() == 3);
+}
+
+TEST_CASE("elect: a command that cannot be started: exit 1 with the reason, and the leadership is given up") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  auto r = run_command({kFencegate, "elect", "--etcd", etcd.url(), "--election", "nocmd", "--ttl", "3", "--",
+                        "/nonexistent/command"},
+                       20s);
+  CHECK(r.code() == 1);
+  CHECK(r.err.find("could not start the command") != std::string::npos);
+  CHECK(r.err.find("No such file or directory") != std::string::npos);
+  CHECK(leader_of(etcd, "nocmd").code() == 3);  // resigned
 }
 
 TEST_CASE("elect: a SIGSTOPped leader loses to a successor; on SIGCONT its command is stopped at once, exit 75, "
