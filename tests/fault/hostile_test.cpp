@@ -441,7 +441,11 @@ std::vector<Case> smuggling_corpus() {
   bad("HTTP/2.0 in an HTTP/1 request line", "POST /c HTTP/2.0\r\n" + kHost + kTok + "Content-Length: 0\r\n\r\n");
   bad("lower-case version", "POST /c http/1.1\r\n" + kHost + kTok + "Content-Length: 0\r\n\r\n");
   bad("HTTP/0.9 request line", "GET /c\r\n\r\n");
-  bad("empty line before the request line", "\r\n" + post("Content-Length: 0\r\n\r\n"));
+  // RFC 9112 2.2: empty lines before a request line are ignored (and never forwarded); other
+  // junk there is not.
+  ok("empty lines before the request line", "\r\n\r\n" + post("Content-Length: 5\r\n\r\nhello"), {hello()});
+  bad("a space line before the request line", " \r\n" + post("Content-Length: 0\r\n\r\n"));
+  bad("a bare LF before the request line", "\n" + post("Content-Length: 0\r\n\r\n"));
   bad("absolute-form target", "POST http://127.0.0.1/c HTTP/1.1\r\n" + kHost + kTok + "Content-Length: 0\r\n\r\n");
   bad("authority-form target", "POST 127.0.0.1:80 HTTP/1.1\r\n" + kHost + kTok + "Content-Length: 0\r\n\r\n");
   bad("asterisk-form target", "OPTIONS * HTTP/1.1\r\n" + kHost + "\r\n");
