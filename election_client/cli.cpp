@@ -9,7 +9,8 @@
 // expired deadline is seen on the first slice, whatever the keeper thread is doing.
 //
 // Before the command has started, losing the lease (or a failed campaign) costs nothing: elect
-// gives the lease up and campaigns again. Once the command runs, losing authority stops it
+// gives the lease up and campaigns again. Once the command runs, losing authority (the lease, or
+// the leader key deleted while the lease lives: KeyGuard) stops it
 // (SIGTERM to its process group, SIGKILL after --grace-ms) and exits 75, or with --recampaign
 // starts a new term.
 #include "election_client/cli.h"
@@ -41,6 +42,7 @@
 #include "election_client/http_conn.h"
 #include "election_client/lease_keeper.h"
 #include "election_client/log.h"
+#include "election_client/watch.h"
 
 extern char** environ;
 
@@ -72,7 +74,8 @@ constexpr const char* kElectUsage =
     "  3. runs COMMAND in its own process group with FENCING_TOKEN, FENCING_ELECTION and\n"
     "     FENCING_LEADER_ID in its environment;\n"
     "  4. if the lease is lost or in jeopardy (no renewal evidence by the local deadline:\n"
-    "     send time of the last renewal + TTL - max(TTL/5, 500ms), on the monotonic clock), it\n"
+    "     send time of the last renewal + TTL - max(TTL/5, 500ms), on the monotonic clock), or\n"
+    "     the leader key is deleted while the lease lives (etcdctl del: the next candidate leads), it\n"
     "     sends SIGTERM to the command's process group, SIGKILL after --grace-ms, resigns and\n"
     "     exits 75 -- or campaigns again with --recampaign;\n"
     "  5. when COMMAND exits: SIGKILL to what is left of its process group, resign, revoke the\n"
@@ -338,6 +341,79 @@ int sleep_watching(milliseconds d) {
 }
 
 // ------------------------------------------------------------------------------------------
+// The leader key itself
+
+// The lease is not the only way to lose leadership: the leader key can be deleted while the
+// lease lives (`etcdctl del`, a cleanup script, a buggy tool). etcd's election then hands
+// leadership to the next candidate, with a higher token, and this term is over. KeyGuard
+// watches the key from its creation revision on, so a deletion at any time after the campaign
+// is seen, and reports it through gone(). After a watch compaction it checks the key directly
+// and watches again from there. A silent etcd is the LeaseKeeper's business, not the guard's.
+class KeyGuard {
+ public:
+  KeyGuard(ClientOptions options, Client& client, LeaderKey leader)
+      : options_(std::move(options)), client_(client), leader_(std::move(leader)) {
+    watch_from(leader_.rev + 1);
+  }
+  ~KeyGuard() {
+    stopping_ = true;
+    watch_.reset();
+  }
+  KeyGuard(const KeyGuard&) = delete;
+  KeyGuard& operator=(const KeyGuard&) = delete;
+
+  // Called by the owner thread in its supervision loop; never blocks on etcd.
+  bool gone() {
+    if (std::int64_t r = restart_from_.exchange(0); r > 0 && !gone_) watch_from(r);
+    return gone_.load();
+  }
+
+ private:
+  void watch_from(std::int64_t revision) {
+    watch_.reset();  // the previous watch has returned (compacted): this joins at once
+    Watch::Options wo;
+    wo.client = options_;
+    wo.prefix = leader_.key;
+    wo.start_revision = revision;
+    watch_ = std::make_unique<Watch>(
+        wo,
+        [this](const WatchBatch& b) {
+          for (const auto& e : b.events)  // the prefix also covers longer keys: only ours counts
+            if (e.kv.key == leader_.key &&
+                (e.type == WatchEvent::Type::del || (e.kv.create_revision != 0 && e.kv.create_revision != leader_.rev)))
+              gone_ = true;
+        },
+        [this](Watch::State s, std::int64_t, const Status&) {
+          if (s == Watch::State::compacted) recheck();
+        });
+    watch_->start();
+  }
+  // On the watch thread, after a compaction: is the key still ours? Then watch on from there.
+  void recheck() {
+    while (!stopping_) {
+      std::vector<KeyValue> kvs;
+      ResponseHeader h;
+      if (client_.range(leader_.key, "", &kvs, &h).ok()) {
+        if (kvs.empty() || kvs.front().create_revision != leader_.rev) gone_ = true;
+        else restart_from_ = h.revision + 1;
+        return;
+      }
+      for (int i = 0; i < 25 && !stopping_; ++i) std::this_thread::sleep_for(20ms);
+    }
+  }
+
+  // Constant after construction
+  const ClientOptions options_;
+  Client& client_;
+  const LeaderKey leader_;
+
+  std::atomic<bool> stopping_{false}, gone_{false};
+  std::atomic<std::int64_t> restart_from_{0};
+  // Used only on the owner thread
+  std::unique_ptr<Watch> watch_;
+};
+
+// ------------------------------------------------------------------------------------------
 // The activation barrier
 
 enum class FenceResult { ok, refused, unreachable, cancelled };
@@ -514,6 +590,7 @@ int Elect::run() {
     const std::int64_t token = lk.rev;
     log::info("elected", {log::kv("election", f_.election), log::kv("id", f_.id), log::kv("token", token),
                           log::kv("key", lk.key), log::kv("lease", lease)});
+    KeyGuard guard(client_options(), client_, lk);
 
     // --- 3. Activation barrier: every fence has durably advanced to `token`.
     FenceResult fr = FenceResult::ok;
@@ -543,7 +620,12 @@ int Elect::run() {
       continue;
     }
 
-    // --- 4. Run the command while the lease is valid.
+    // --- 4. Run the command while the lease is valid and the leader key is ours.
+    if (guard.gone()) {
+      log::warn("the leader key was deleted before the command started; starting over", {log::kv("key", lk.key)});
+      give_up(*keeper, std::nullopt);
+      continue;
+    }
     if (!keeper->valid()) {
       give_up(*keeper, lk);
       continue;
@@ -564,6 +646,14 @@ int Elect::run() {
       int sig = wait_signal(50ms);
       if (reap_command(pid, &wstatus)) {
         exited = true;
+        break;
+      }
+      if (guard.gone()) {
+        log::error("leadership lost: the leader key was deleted; stopping the command",
+                   {log::kv("key", lk.key), log::kv("token", token), log::kv("pid", pid)});
+        bool have = false;
+        wstatus = stop_command(pid, SIGTERM, &have);
+        lost = true;
         break;
       }
       if (!keeper->valid()) {

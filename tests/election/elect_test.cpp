@@ -283,6 +283,56 @@ TEST_CASE("elect: a SIGSTOPped leader loses to a successor; on SIGCONT its comma
   serve.stop();
 }
 
+TEST_CASE("elect: a leader key deleted while its lease lives ends the term: command stopped, exit 75, the next "
+          "candidate leads") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  fencegate::election::Client c(client_options(etcd));
+
+  auto flags = [&](const std::string& id) {
+    return std::vector<std::string>{"--etcd", etcd.url(), "--election", "jobs", "--id", id, "--ttl", "5",
+                                    "--grace-ms", "1000"};
+  };
+  Contender a = start_contender(dir.path(), "a", flags("worker-a"));
+  INFO(both_logs(a));
+  REQUIRE(eventually([&] { return a.started_command(); }, 10s));
+  const std::int64_t ta = a.token();
+  const pid_t a_child = a.child_pid();
+  Contender b = start_contender(dir.path(), "b", flags("worker-b"));
+  std::this_thread::sleep_for(1000ms);
+  REQUIRE_FALSE(b.started_command());
+
+  // A longer key that starts with A's (another candidate's, say) changes nothing.
+  fencegate::election::KeyValue lead;
+  REQUIRE(c.leader("jobs", &lead).ok());
+  REQUIRE(lead.create_revision == ta);
+  REQUIRE(c.put(lead.key + "0", "x").ok());
+  std::this_thread::sleep_for(500ms);
+  CHECK(pid_alive(a_child));
+  REQUIRE(c.delete_range(lead.key + "0", "").ok());
+
+  // An operator deletes the leader key; A's lease is still alive, but B now leads.
+  const auto deleted_at = Clock::now();
+  REQUIRE(c.delete_range(lead.key, "").ok());
+  bool gone = eventually([&] { return !pid_alive(a_child); }, 3s);
+  INFO(both_logs(a, &b));
+  CHECK(gone);
+  MESSAGE("A's command was gone ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - deleted_at).count(),
+          " ms after its key was deleted");
+  auto st = a.process->wait_for(10s);
+  REQUIRE(st.has_value());
+  CHECK(st->exited);
+  CHECK(st->code == 75);
+  CHECK(a.log().find("the leader key was deleted") != std::string::npos);
+  REQUIRE(eventually([&] { return b.started_command(); }, 10s));
+  CHECK(b.token() > ta);
+  b.process->kill(SIGTERM);
+  CHECK(b.process->wait_for(10s).has_value());
+}
+
 TEST_CASE("elect: the lease survives an etcd restart within the TTL; leadership is lost when etcd stays down") {
   FG_REQUIRE_ETCD();
   EtcdServer etcd;
