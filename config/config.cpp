@@ -161,8 +161,13 @@ const NumField kNumFields[] = {
 #undef FG_MS_FIELD
 
 std::string range_error(const NumField& f, std::string_view got) {
-  return "must be an integer between " + std::to_string(f.min) + " and " + std::to_string(f.max) +
-         " (got " + std::string(got) + ")";
+  // A bad value is quoted, but not a megabyte of it.
+  std::string shown = got.size() > 64 ? std::string(got.substr(0, 64)) + "..." : std::string(got);
+  if (std::strcmp(f.key, "threads") == 0)
+    return "must be 0 (one per hardware thread) or an integer between " + std::to_string(f.min) + " and " +
+           std::to_string(f.max) + " (got " + shown + ")";
+  return "must be an integer between " + std::to_string(f.min) + " and " + std::to_string(f.max) + " (got " + shown +
+         ")";
 }
 
 // Sets a numeric field; threads also accepts 0 ("hardware threads"). Returns the reason on failure.
@@ -803,6 +808,10 @@ void validate(Config& c, std::vector<std::string>& errors) {
     errors.push_back("admin.listen: binding the admin API to a non-loopback address (" +
                      c.admin.listen.host + ") requires admin.token_file");
   }
+  if (!c.listen.host.empty() && c.listen.port != 0 && c.admin.listen.port == c.listen.port &&
+      lower(c.admin.listen.host) == lower(c.listen.host)) {
+    errors.push_back("admin.listen: must differ from listen (both are " + quote(c.listen.to_string()) + ")");
+  }
   if (c.db.empty()) errors.push_back("db: must not be empty");
   if (c.threads == 0) c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (const NumField& f : kNumFields) {
@@ -860,6 +869,24 @@ void validate(Config& c, std::vector<std::string>& errors) {
       }
     }
     if (r.authority) check_authority(*r.authority, name + ".authority", errors);
+  }
+  // A resource has one mode. If an observe route can name a resource an enforce route fences,
+  // the observe route forwards the stale writes the enforce route refuses, to the same
+  // resource. (Off routes never touch the fence: their resource name is unused.)
+  for (std::size_t j = 0; j < c.routes.size(); ++j) {
+    const Route& rj = c.routes[j];
+    if (rj.mode != Mode::observe || !check_route_template(rj).empty()) continue;
+    for (std::size_t i = 0; i < c.routes.size(); ++i) {
+      const Route& ri = c.routes[i];
+      if (ri.mode != Mode::enforce || !check_route_template(ri).empty()) continue;
+      if (!resource_templates_overlap(ri.resource, rj.resource)) continue;
+      errors.push_back("routes[" + std::to_string(j) + "].mode: observe, but its resource " + quote(rj.resource) +
+                       " can be the resource " + quote(ri.resource) + " that routes[" + std::to_string(i) +
+                       "] (" + quote(ri.prefix) +
+                       ") enforces; a resource is fenced in one mode: give both routes the same mode, or "
+                       "different resources");
+      break;
+    }
   }
 }
 

@@ -121,6 +121,60 @@ struct Capture {
 
 }  // namespace
 
+bool resource_templates_overlap(std::string_view a, std::string_view b) {
+  // Each template is a sequence of items: a literal character, or a capture (one or more
+  // capture characters). Search the pairs of positions both can reach on a common string,
+  // with a flag per side for "inside a capture that has taken at least one character".
+  struct Item {
+    bool capture;
+    char c;
+  };
+  auto items = [](std::string_view t) {
+    std::vector<Item> v;
+    for (std::size_t i = 0; i < t.size(); ++i) {
+      if (t[i] == '{') {
+        std::size_t close = t.find('}', i);
+        if (close == std::string_view::npos) close = t.size() - 1;
+        v.push_back({true, 0});
+        i = close;
+      } else {
+        v.push_back({false, t[i]});
+      }
+    }
+    return v;
+  };
+  const std::vector<Item> x = items(a), y = items(b);
+  const std::size_t nx = x.size() + 1, ny = y.size() + 1;
+  std::vector<char> visited(nx * ny * 4, 0);
+  std::vector<std::size_t> work;
+  auto key = [&](std::size_t i, bool fi, std::size_t j, bool fj) { return ((i * ny + j) * 2 + fi) * 2 + fj; };
+  auto push = [&](std::size_t i, bool fi, std::size_t j, bool fj) {
+    const std::size_t k = key(i, fi, j, fj);
+    if (!visited[k]) {
+      visited[k] = 1;
+      work.push_back(k);
+    }
+  };
+  push(0, false, 0, false);
+  while (!work.empty()) {
+    const std::size_t k = work.back();
+    work.pop_back();
+    const bool fj = k & 1, fi = (k >> 1) & 1;
+    const std::size_t j = (k >> 2) % ny, i = (k >> 2) / ny;
+    // A capture that has taken a character may end here.
+    if (fi) push(i + 1, false, j, fj);
+    if (fj) push(i, fi, j + 1, false);
+    if (!fi && !fj && i == x.size() && j == y.size()) return true;
+    if (i == x.size() || j == y.size()) continue;
+    // Both take one more character.
+    const Item &p = x[i], &q = y[j];
+    const bool ok = p.capture ? (q.capture || is_capture_char(q.c)) : (q.capture ? is_capture_char(p.c) : p.c == q.c);
+    if (!ok) continue;
+    push(p.capture ? i : i + 1, p.capture, q.capture ? j : j + 1, q.capture);
+  }
+  return false;
+}
+
 std::string check_route_template(const Route& r) {
   if (r.prefix.empty() || r.prefix[0] != '/') return "prefix: must start with \"/\"";
   std::vector<Part> parts;
@@ -149,6 +203,8 @@ std::string check_route_template(const Route& r) {
   if (res.size() > kMaxResourceTemplate) {
     return "resource: longer than " + std::to_string(kMaxResourceTemplate) + " characters";
   }
+  std::string last_capture;
+  std::size_t last_capture_end = std::string::npos;
   for (std::size_t i = 0; i < res.size(); ++i) {
     char c = res[i];
     if (c == '}') return "resource: unbalanced '}'";
@@ -169,6 +225,16 @@ std::string check_route_template(const Route& r) {
     if (!defined) {
       return "resource: uses {" + std::string(name) + "}, which the prefix does not capture";
     }
+    // Two captures need a ':' between them (the one literal a capture cannot hold): "{a}-{b}"
+    // makes "x-y-z" of both x-y/z and x/y-z, two tenants on one fence.
+    if (last_capture_end != std::string::npos &&
+        std::string_view(res).substr(last_capture_end, i - last_capture_end).find(':') == std::string_view::npos) {
+      return "resource: {" + last_capture + "} and {" + std::string(name) +
+             "} need a ':' between them (a capture may hold any of [A-Za-z0-9._~-], so without one two "
+             "different paths can name the same resource)";
+    }
+    last_capture = std::string(name);
+    last_capture_end = close + 1;
     i = close;
   }
   return {};

@@ -60,4 +60,8 @@ inline constexpr std::size_t kMaxResourceName = 256;
 // (e.g. "resource uses {tenant} which the prefix does not capture"). Used by validate().
 std::string check_route_template(const Route& r);
 
+// Whether two resource templates (literals and {captures}, as check_route_template() accepts)
+// can name the same resource: "tenant-{t}" and "tenant-acme" can, "a-{t}" and "b-{t}" cannot.
+bool resource_templates_overlap(std::string_view a, std::string_view b);
+
 }  // namespace fencegate::config

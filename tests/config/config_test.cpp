@@ -181,7 +181,7 @@ TEST_CASE("all errors are collected, each naming its field") {
     ]})");
   CHECK_FALSE(r.config);
   INFO(joined(r.errors));
-  CHECK(has_error(r, "threads: must be an integer between 1 and 256 (got -3)"));
+  CHECK(has_error(r, "threads: must be 0 (one per hardware thread) or an integer between 1 and 256 (got -3)"));
   CHECK(has_error(r, "listen: expected \"host:port\" (got \"nonsense\")"));
   CHECK(has_error(r, "db: must not be empty"));
   CHECK(has_error(r, "max_header_bytes: must be an integer between 1024 and 1048576 (got 10)"));
@@ -202,7 +202,7 @@ TEST_CASE("wrong JSON types name the field") {
       "not an object"]})");
   CHECK_FALSE(r.config);
   INFO(joined(r.errors));
-  CHECK(has_error(r, "threads: must be an integer between 1 and 256 (got \"4\")"));
+  CHECK(has_error(r, "threads: must be 0 (one per hardware thread) or an integer between 1 and 256 (got \"4\")"));
   CHECK(has_error(r, "listen: must be a string (got 8080)"));
   CHECK(has_error(r, "max_body_bytes: must be an integer between 1 and 9223372036854775807 (got 1.5)"));
   CHECK(has_error(r, "routes[0].prefix: must be a string (got 1)"));
@@ -277,6 +277,46 @@ TEST_CASE("route validation") {
   CHECK(ok.config->routes[0].upstream_addr.port == 9000);
 }
 
+TEST_CASE("an observe route may not name a resource an enforce route fences") {
+  auto two = [](const std::string& a, const std::string& b) {
+    return load_json(R"({"routes": [)" + a + ", " + b + "]}");
+  };
+  // Both default to resource "default": the observe route would forward what enforce refuses.
+  auto r = two(R"({"prefix": "/a/", "upstream": "http://h:1"})", R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "observe"})");
+  CHECK(has_error_starting(r, "routes[1].mode: observe, but its resource \"default\" can be the resource \"default\" "
+                              "that routes[0] (\"/a/\") enforces"));
+  // A template that can produce the other's name.
+  r = two(R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "mode": "observe", "resource": "tenant-{t}"})",
+          R"({"prefix": "/acme/", "upstream": "http://h:1", "resource": "tenant-acme"})");
+  CHECK(has_error_starting(r, "routes[0].mode: observe, but its resource \"tenant-{t}\""));
+  r = two(R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "mode": "observe", "resource": "{t}-x"})",
+          R"({"prefix": "/u/{u}/", "upstream": "http://h:1", "resource": "a-{u}"})");
+  CHECK(has_error_starting(r, "routes[0].mode: observe"));
+  // Disjoint names, an off route, or the same mode: fine.
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prefix": "/a/", "upstream": "http://h:1", "resource": "ledger"})",
+            R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "observe"})"},
+           {R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}"})",
+            R"({"prefix": "/u/{u}/", "upstream": "http://h:1", "mode": "observe", "resource": "u-{u}"})"},
+           {R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}"})",
+            R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "observe", "resource": "t-a:b"})"},
+           {R"({"prefix": "/a/", "upstream": "http://h:1"})", R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "off"})"},
+           {R"({"prefix": "/a/", "upstream": "http://h:1", "mode": "observe"})",
+            R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "observe"})"}}) {
+    auto ok = two(a, b);
+    CHECK_MESSAGE(ok.config, a, " + ", b, ": ", joined(ok.errors));
+  }
+}
+
+TEST_CASE("admin.listen may not be the data listener's address") {
+  auto r = load_json(R"({"listen": "127.0.0.1:8080", "admin": {"listen": "127.0.0.1:8080"},
+                         "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  CHECK(has_error(r, "admin.listen: must differ from listen (both are \"127.0.0.1:8080\")"));
+  auto ok = load_json(R"({"listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"},
+                          "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  CHECK_MESSAGE(ok.config, joined(ok.errors));  // two free ports, picked apart
+}
+
 TEST_CASE("token and leader headers must differ case-insensitively") {
   auto r = load_json(R"({"token_header": "X-Fence", "leader_header": "x-fence",
                          "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
@@ -309,7 +349,7 @@ TEST_CASE("validate() catches bad values in a Config built in code") {
   validate(c, errors);
   INFO(joined(errors));
   CHECK(errors == std::vector<std::string>{
-                      "threads: must be an integer between 1 and 256 (got 999)",
+                      "threads: must be 0 (one per hardware thread) or an integer between 1 and 256 (got 999)",
                       "max_header_bytes: must be an integer between 1024 and 1048576 (got 10)"});
   CHECK(c.routes[0].upstream_addr.port == 1);
 }
@@ -378,7 +418,7 @@ TEST_CASE("flag errors name the flag") {
                       empty_env);
   CHECK_FALSE(r.config);
   INFO(joined(r.errors));
-  CHECK(has_error(r, "--threads: must be an integer between 1 and 256 (got \"many\")"));
+  CHECK(has_error(r, "--threads: must be 0 (one per hardware thread) or an integer between 1 and 256 (got \"many\")"));
   CHECK(has_error_starting(r, "--max-body-bytes: must be an integer between 1 and "));
   CHECK(has_error(r, "--listen: expected \"host:port\" (got \"nocolon\")"));
   CHECK(has_error(r, "--bogus: unknown flag (see --help)"));
@@ -420,7 +460,7 @@ TEST_CASE("environment variables apply and their errors name the variable") {
            {"FENCEGATE_LOG_LEVEL", "loud"}};
   auto bad = load_serve({}, fake_env);
   INFO(joined(bad.errors));
-  CHECK(has_error(bad, "FENCEGATE_THREADS: must be an integer between 1 and 256 (got -1)"));
+  CHECK(has_error(bad, "FENCEGATE_THREADS: must be 0 (one per hardware thread) or an integer between 1 and 256 (got -1)"));
   CHECK(has_error(bad, "FENCEGATE_MODE: must be one of enforce, observe, off (got \"x\")"));
   CHECK(has_error(bad, "FENCEGATE_LOG_LEVEL: must be one of debug, info, warn, error (got \"loud\")"));
   CHECK(has_error_starting(bad, "FENCEGATE_UPSTREAM: expected \"http://host[:port]\""));

@@ -182,6 +182,11 @@ TEST_CASE("check_route_template") {
   CHECK(check("/", "a b").rfind("resource: character ' ' not allowed", 0) == 0);
   CHECK(check("/t/{id}/", "x-{id").rfind("resource: unbalanced '{'", 0) == 0);
   CHECK(check("/t/{id}/", "x-id}").rfind("resource: unbalanced '}'", 0) == 0);
+  // Captures side by side must be told apart: '-' (or nothing) between them is not enough.
+  CHECK(check("/t/{a}/{b}/", "{a}-{b}").rfind("resource: {a} and {b} need a ':' between them", 0) == 0);
+  CHECK(check("/t/{a}/{b}/", "{a}{b}").rfind("resource: {a} and {b} need a ':' between them", 0) == 0);
+  CHECK(check("/t/{a}/{b}/", "{a}-:-{b}") == "");
+  CHECK(check("/t/{a}/{b}/", "{a}-{a}:{b}").rfind("resource: {a} and {a} need a ':'", 0) == 0);
   CHECK(check("/", std::string(200, 'a')) == "");
   CHECK(check("/", std::string(201, 'a')) == "resource: longer than 200 characters");
 }
@@ -207,4 +212,20 @@ TEST_CASE("a path that would make a resource name longer than the admin API take
   CHECK(m.route == nullptr);
   CHECK(m.resource.empty());
   CHECK(m.reason.find("longer than 256") != std::string::npos);
+}
+
+TEST_CASE("resource_templates_overlap: can two templates name the same resource") {
+  CHECK(resource_templates_overlap("default", "default"));
+  CHECK_FALSE(resource_templates_overlap("default", "ledger"));
+  CHECK(resource_templates_overlap("tenant-{t}", "tenant-acme"));
+  CHECK(resource_templates_overlap("tenant-acme", "tenant-{t}"));
+  CHECK_FALSE(resource_templates_overlap("tenant-{t}", "tenant-"));    // a capture takes one character or more
+  CHECK_FALSE(resource_templates_overlap("tenant-{t}", "tenant-a:b"));  // ':' is never captured
+  CHECK(resource_templates_overlap("{a}-x", "b-{c}"));                  // "b-x"
+  CHECK(resource_templates_overlap("{a}", "x:{b}") == false);
+  CHECK(resource_templates_overlap("{a}{b}", "xy"));
+  CHECK_FALSE(resource_templates_overlap("{a}{b}", "x"));
+  CHECK(resource_templates_overlap("t-{a}-{b}", "t-{c}"));              // "t-x-y": '-' is a capture character
+  CHECK_FALSE(resource_templates_overlap("a-{t}", "b-{t}"));
+  CHECK_FALSE(resource_templates_overlap("{t}:a", "{t}:b"));
 }
