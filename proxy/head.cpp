@@ -23,20 +23,25 @@ bool iequals_dashed(std::string_view name, std::string_view dashed, bool* unders
   if (name.size() != dashed.size()) return false;
   bool u = false;
   for (std::size_t i = 0; i < name.size(); ++i) {
-    const char x = name[i], y = dashed[i];  // y: a letter or "-"
+    const char x = name[i], y = dashed[i];
     if (x == y) continue;
-    if (y == '-') {
-      if (x != '_') return false;
+    if (y == '-' && x == '_') {
       u = true;
-    } else if ((x | 0x20) != (y | 0x20)) {  // y is a letter: so is x when they match
-      return false;
+      continue;
     }
+    const char lx = static_cast<char>(x | 0x20);
+    if (lx != static_cast<char>(y | 0x20) || lx < 'a' || lx > 'z') return false;
   }
   *underscore = u;
   return true;
 }
 
 }  // namespace
+
+bool underscore_alias(std::string_view name, std::string_view dashed) {
+  bool u = false;
+  return iequals_dashed(name, dashed, &u) && u;
+}
 
 FieldKind classify_field(std::string_view n) {
   bool alias = false;
@@ -64,15 +69,18 @@ FieldKind classify_field(std::string_view n) {
       break;
     case 13:
       if (iequals(n, "Fencing-Token")) return FieldKind::fencing_token;
+      if (underscore_alias(n, "Fencing-Token")) return FieldKind::framing_alias;
       break;
     case 14:
       if (n == "Content-Length" || n == "content-length") return FieldKind::content_length;  // the usual spellings
       if (iequals_dashed(n, "Content-Length", &alias))
         return alias ? FieldKind::framing_alias : FieldKind::content_length;
       if (iequals(n, "Fencing-Leader")) return FieldKind::fencing_leader;
+      if (underscore_alias(n, "Fencing-Leader")) return FieldKind::framing_alias;
       break;
     case 15:
       if (iequals(n, "X-Forwarded-For")) return FieldKind::x_forwarded_for;
+      if (underscore_alias(n, "X-Forwarded-For")) return FieldKind::framing_alias;
       if (iequals(n, "Fencing-Observe")) return FieldKind::fencing_observe;
       break;
     case 16:
@@ -300,8 +308,14 @@ Framing check_framing(const RequestHead& h) {
   if (ncl && nte) return fail("both Content-Length and Transfer-Encoding");
   // CGI-style stacks (CGI, WSGI, Rack, PHP behind FastCGI) map "_" and "-" in header names to the
   // same variable, so "Transfer_Encoding" or "Content_Length" may frame the body there while we
-  // forward it as an unknown field. No client needs such a name.
-  if (!alias.empty()) return fail("header " + std::string(alias) + " reads as Content-Length or Transfer-Encoding");
+  // forward it as an unknown field, and "Fencing_Token" may join the token we checked (WSGI's
+  // HTTP_FENCING_TOKEN = "3,7"). No client needs such a name.
+  if (!alias.empty()) {
+    std::string dashed(alias);
+    for (char& ch : dashed)
+      if (ch == '_') ch = '-';
+    return fail("header " + std::string(alias) + " reads as " + dashed + " to CGI-style servers (\"_\" for \"-\")");
+  }
   if (ncl) {
     if (cl.empty() || cl.size() > 19) return fail("invalid Content-Length");
     std::uint64_t n = 0;

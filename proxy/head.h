@@ -5,7 +5,8 @@
 // control bytes, whitespace before a colon, invalid field names, duplicate or list-valued
 // Content-Length, Content-Length with Transfer-Encoding, any transfer coding but a single
 // "chunked", Transfer-Encoding on HTTP/1.0, missing or repeated Host, and fields named like
-// Content-Length or Transfer-Encoding with "_" for "-" (CGI-style servers read them as such).
+// Content-Length, Transfer-Encoding, Fencing-Token, Fencing-Leader or X-Forwarded-For with "_"
+// for "-" (CGI-style servers read them as such).
 //
 // Pure functions on bytes; no I/O. Thread-safe.
 #pragma once
@@ -27,7 +28,8 @@ enum class FieldKind : std::uint8_t {
   host,
   content_length,
   transfer_encoding,
-  framing_alias,  // Content_Length, Transfer_Encoding: "_" for "-" (refused, see above)
+  framing_alias,  // Content_Length, Transfer_Encoding, Fencing_Token, Fencing_Leader, X_Forwarded_For:
+                  // "_" for "-" (refused, see above)
   connection,
   upgrade,
   hop_by_hop,     // Keep-Alive, Proxy-Connection, TE, Trailer, Proxy-Authenticate, Proxy-Authorization
@@ -44,6 +46,10 @@ inline constexpr std::uint32_t kind_bit(FieldKind k) { return 1u << static_cast<
 
 // The kind of a field named `name`.
 FieldKind classify_field(std::string_view name);
+
+// Whether `name` is `dashed` with "_" for at least one "-" (and any letter case): a name that
+// CGI-style servers read as `dashed`.
+bool underscore_alias(std::string_view name, std::string_view dashed);
 
 struct HeadField {
   std::string_view name;

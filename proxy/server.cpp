@@ -175,6 +175,7 @@ struct Scratch {
   ByteBuf in;                            // bytes from the client not yet used
   std::string out;                       // the head being sent (upstream or client)
   RequestHead head;                      // the current request's head (views into in)
+  bool head_method = false;              // the current request is a HEAD (its views may be gone)
   ResponseHead resp;
   std::vector<net::const_buffer> gather;
   std::string frame, te_value;
@@ -460,13 +461,20 @@ std::string problem_body(const Problem& p) {
 struct FenceMarks {
   std::optional<std::int64_t> generation;  // Fencing-Generation
   std::string observe;                     // Fencing-Observe
+  // For the problem body of a reply that is not a fence decision (502, 504, 408, ...): the
+  // fence's fields, so a fenced request's every problem names resource and generations.
+  std::string_view resource;               // the route's resource (lives as long as the request)
+  std::optional<std::int64_t> presented;   // the request's token, if it had a valid one
 };
 
 // Named, not `{}`: GCC 12 mishandles a braced temporary bound to a reference inside co_await
 // (it freed a FenceMarks' string from the wrong address).
 const FenceMarks kNoMarks{};
 
-std::string local_reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks) {
+// `head_only`: the answer to a HEAD request, which has the headers of the full answer and no body
+// (RFC 9110 9.3.2); body bytes after it would be read as the start of the next response.
+std::string local_reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks,
+                        bool head_only = false) {
   std::string body = problem_body(p);
   std::string r = version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
   r += std::to_string(p.status);
@@ -480,7 +488,7 @@ std::string local_reply(const Problem& p, bool keep_alive, int version, const Fe
   if (!keep_alive) r += "Connection: close\r\n";
   else if (version == 10) r += "Connection: keep-alive\r\n";
   r += "\r\n";
-  r += body;
+  if (!head_only) r += body;
   return r;
 }
 
@@ -1103,7 +1111,16 @@ task<boost::system::error_code> Session::read_client(std::size_t want, std::chro
 }
 
 task<bool> Session::reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks) {
-  std::string r = local_reply(p, keep_alive, version, marks);
+  std::string r;
+  if (marks.generation && p.resource.empty() && !marks.resource.empty()) {
+    Problem q = p;
+    q.resource = std::string(marks.resource);
+    q.presented = marks.presented;
+    q.current = marks.generation;
+    r = local_reply(q, keep_alive, version, marks, sc_->head_method);
+  } else {
+    r = local_reply(p, keep_alive, version, marks, sc_->head_method);
+  }
   timed_out_ = false;
   arm(cfg().body_timeout);
   boost::system::error_code ec;
@@ -1133,7 +1150,20 @@ task<bool> Session::handle(std::size_t head_len) {
   const auto& cfg = this->cfg();
   const RequestHead& head = sc_->head;  // scanned by run()
   const int version = head.version;
+  sc_->head_method = head.method == "HEAD";
   Framing fr = check_framing(head);
+  if (fr.ok && !(cfg.token_header == "Fencing-Token" && cfg.leader_header == "Fencing-Leader")) {
+    // Configured names: their "_" spellings are refused as check_framing refuses the defaults'.
+    for (const auto& f : head.fields)
+      if (f.kind == FieldKind::other &&
+          (underscore_alias(f.name, cfg.token_header) || underscore_alias(f.name, cfg.leader_header))) {
+        fr.ok = false;
+        fr.reason = "header " + std::string(f.name) + " reads as " +
+                    (underscore_alias(f.name, cfg.token_header) ? cfg.token_header : cfg.leader_header) +
+                    " to CGI-style servers (\"_\" for \"-\")";
+        break;
+      }
+  }
   if (!fr.ok) {
     sc_->problem = Problem{400, "bad-framing", "Bad request", fr.reason};
     co_return co_await reply(sc_->problem, false, version, kNoMarks);
@@ -1203,12 +1233,6 @@ task<bool> Session::handle(std::size_t head_len) {
     }
     expect_continue = ne == 1 && version == 11;
   }
-  if (fr.content_length && *fr.content_length > cfg.max_body_bytes) {
-    sc_->problem = Problem{413, "body-too-large", "Content too large",
-                           "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"};
-    co_return co_await reply(sc_->problem, false, version, kNoMarks);
-  }
-
   // Route: the resource comes from the route and the path, never from a header.
   config::Router::Match m = snap_->router.match(head.target);
   if (m.outcome == config::Router::Outcome::bad_target) {
@@ -1221,10 +1245,18 @@ task<bool> Session::handle(std::size_t head_len) {
   }
   const config::Route& route = *m.route;
 
-
   // Fence decision.
   const bool fenced = route.mode != Mode::off && route.is_fenced(head.method);
   FenceMarks marks;
+  if (fr.content_length && *fr.content_length > cfg.max_body_bytes) {
+    if (fenced) {
+      marks.generation = rt_.fence.current(m.resource);
+      marks.resource = m.resource;
+    }
+    sc_->problem = Problem{413, "body-too-large", "Content too large",
+                           "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"};
+    co_return co_await reply(sc_->problem, false, version, marks);
+  }
   auto ex = std::make_shared<Exchange>(rt_.fence);
   if (fenced) {
     std::string_view tv, lv;
@@ -1262,6 +1294,8 @@ task<bool> Session::handle(std::size_t head_len) {
     }
     std::string leader(lv.substr(0, cfg.max_leader_bytes));
     const bool enforce = route.mode == Mode::enforce;
+    marks.resource = m.resource;
+    if (ts == TokenState::ok) marks.presented = g;
 
     auto audit_row = [&](std::string decision, std::int64_t current) {
       store::AuditRow row;
@@ -1477,6 +1511,15 @@ task<bool> Session::handle(std::size_t head_len) {
           log::warn("observe mode: could not store generation", {log::kv("resource", m.resource)});
           break;
         case Verdict::overloaded: {
+          if (!enforce) {
+            // Observe rejects nothing: the write goes on, but its generation is not tracked.
+            static std::atomic<std::uint64_t> untracked{0};
+            if (untracked.fetch_add(1, std::memory_order_relaxed) % 1000 == 0)
+              log::warn("observe mode: the fence holds max_resources resources; forwarding without tracking "
+                        "(logged once per 1000)",
+                        {log::kv("resource", m.resource), log::kv("max_resources", cfg.max_resources)});
+            break;
+          }
           sc_->problem = Problem{503,
                                  "too-many-resources",
                                  "Too many resources",
@@ -1865,9 +1908,9 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       // A 204 has no content, so no Content-Length (RFC 9110 8.6): a client that believed one
       // would wait for bytes that never come, or read the next response as them.
       if (k == FieldKind::content_length && (body != Body::none || rh.status == 204)) continue;
-      if ((marks.generation && k == FieldKind::fencing_generation) ||
-          (!marks.observe.empty() && k == FieldKind::fencing_observe))
-        continue;
+      // A fenced request's fence headers are ours alone: an upstream's Fencing-Observe on an
+      // enforce route would tell the client its write was only observed.
+      if (marks.generation && (k == FieldKind::fencing_generation || k == FieldKind::fencing_observe)) continue;
       if (named_by_connection(rh, f.name)) continue;
       append_field(sc_->out, f.name, f.value);
     }

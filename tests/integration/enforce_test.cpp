@@ -150,13 +150,37 @@ TEST_CASE("enforce: route with fence_reads fences GET; write_methods is honoured
   CHECK(is_2xx(g3));
   CHECK(g3.response.header("Fencing-Generation") == "3");
   check_problem(request(px.port(), "GET", "/fenced/c", token(2)), 409, "fenced", 2, 3);
+  {
+    // fencegate's own answers to HEAD carry the headers of the full answer and no body: on a
+    // keep-alive connection a body would be read as the start of the next response.
+    HttpClient c;
+    REQUIRE(c.connect(px.port()));
+    REQUIRE(c.send("HEAD /fenced/h HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                   "HEAD /fenced/h2 HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 2\r\n\r\n"
+                   "GET /fenced/g HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 3\r\n\r\n"));
+    auto h1 = c.read_response(10s, /*expect_no_body=*/true);
+    INFO(describe(h1));
+    REQUIRE(h1.ok());
+    CHECK(h1.response.status == 428);
+    CHECK(std::stoi(h1.response.header("Content-Length")) > 0);
+    CHECK(h1.response.header("Fencing-Generation") == "3");
+    auto h2 = c.read_response(10s, true);
+    INFO(describe(h2));
+    REQUIRE(h2.ok());
+    CHECK(h2.response.status == 409);  // a stale token on a fenced read
+    auto g = c.read_response(10s);
+    INFO(describe(g));
+    REQUIRE(g.ok());
+    CHECK(g.response.status == 200);
+    CHECK(c.pending().empty());
+  }
 
   CHECK(is_2xx(request(px.port(), "PUT", "/posts-only/d")));     // PUT is not a write here
   CHECK(is_2xx(request(px.port(), "DELETE", "/posts-only/e")));
   check_problem(request(px.port(), "POST", "/posts-only/f"), 428, "posts", 0, 0);
   CHECK(is_2xx(request(px.port(), "GET", "/plain")));            // root route: reads are not fenced
   check_problem(request(px.port(), "DELETE", "/plain"), 428, "root", 0, 0);
-  CHECK(targets(up) == std::vector<std::string>{"/fenced/b", "/posts-only/d", "/posts-only/e", "/plain"});
+  CHECK(targets(up) == std::vector<std::string>{"/fenced/b", "/fenced/g", "/posts-only/d", "/posts-only/e", "/plain"});
 }
 
 TEST_CASE("enforce: routes with captures give each tenant its own generation; longest prefix wins") {
@@ -246,7 +270,8 @@ TEST_CASE("enforce: hop-by-hop headers are not forwarded (RFC 9110 7.6.1)") {
 TEST_CASE("enforce: responses pass through: status, headers, body") {
   RecordingUpstream up([](const RecordedRequest& r) {
     auto a = UpstreamAction::respond(r.target == "/created" ? 201 : 404);
-    a.headers = {{"X-Up", "yes"}, {"Content-Type", "text/plain"}};
+    a.headers = {{"X-Up", "yes"}, {"Content-Type", "text/plain"}, {"Fencing-Observe", "would_reject_stale"},
+                 {"Fencing-Generation", "99"}};
     a.body = "from upstream " + r.target;
     return a;
   });
@@ -258,7 +283,9 @@ TEST_CASE("enforce: responses pass through: status, headers, body") {
   CHECK(c.code() == 201);
   CHECK(c.response.header("X-Up") == "yes");
   CHECK(c.response.body == "from upstream /created");
+  // The fence headers of a fenced request are the proxy's alone, once each.
   CHECK(c.response.header("Fencing-Generation") == "1");
+  CHECK_FALSE(c.response.has("Fencing-Observe"));
   auto n = request(px.port(), "GET", "/missing");
   CHECK(n.code() == 404);
   CHECK(n.response.body == "from upstream /missing");
@@ -324,6 +351,10 @@ TEST_CASE("enforce: a configured token header name is used instead of Fencing-To
   CHECK(is_2xx(ok));
   check_problem(request(px.port(), "POST", "/b", token(9)), 428, "default", 0, 4);
   check_problem(request(px.port(), "POST", "/c", {{"X-Fence", "3"}}), 409, "default", 3, 4);
+  // Its "_" spelling would join X-Fence at a CGI-style upstream (HTTP_X_FENCE = "4,3").
+  auto alias = request(px.port(), "POST", "/d", {{"X-Fence", "4"}, {"x_fence", "3"}});
+  check_problem(alias, 400, std::nullopt, std::nullopt, std::nullopt, false);
+  CHECK(body_json(alias).value("detail", "").find("x_fence reads as X-Fence") != std::string::npos);
   REQUIRE(up.count() == 1);
   CHECK(up.requests()[0].header("X-Fence") == "4");
 }

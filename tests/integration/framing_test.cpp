@@ -75,6 +75,10 @@ TEST_CASE("framing: ambiguous or malformed requests get 400, the connection is c
       {"Transfer-Encoding chunked, chunked", head("Transfer-Encoding: chunked, chunked\r\n\r\n") + "0\r\n\r\n"},
       {"Transfer-Encoding identity", head("Transfer-Encoding: identity\r\n\r\n") + "0\r\n\r\n"},
       {"Transfer-Encoding xchunked", head("Transfer-Encoding: xchunked\r\n\r\n") + "0\r\n\r\n"},
+      {"Fencing_Token beside Fencing-Token (CGI-style servers join them)",
+       head("Fencing_Token: 0\r\nContent-Length: 0\r\n\r\n")},
+      {"Fencing_Leader", head("Fencing_Leader: other\r\nContent-Length: 0\r\n\r\n")},
+      {"X_Forwarded_For", head("X_Forwarded_For: 10.0.0.1\r\nContent-Length: 0\r\n\r\n")},
       {"obs-fold header line", head("X-Folded: a\r\n  continued\r\nContent-Length: 0\r\n\r\n")},
       {"obs-fold with tab", head("X-Folded: a\r\n\tcontinued\r\nContent-Length: 0\r\n\r\n")},
       {"bare LF line endings",
@@ -187,6 +191,9 @@ TEST_CASE("framing: oversized header 431, oversized body 413, slow header 408") 
     INFO(describe(r));
     REQUIRE(r.ok());
     CHECK(r.response.status == 413);
+    // A fenced write: the refusal still names the fence (nothing stored yet: generation 0).
+    CHECK(r.response.header("Fencing-Generation") == "0");
+    CHECK(body_json(r).value("resource", "") == "default");
   }
   SUBCASE("413 on a chunked body that grows over the limit") {
     HttpClient c;
@@ -195,6 +202,8 @@ TEST_CASE("framing: oversized header 431, oversized body 413, slow header 408") 
     INFO(describe(r));
     REQUIRE(r.ok());
     CHECK(r.response.status == 413);
+    CHECK(r.response.header("Fencing-Generation") == "1");  // admitted (advanced to 1), then refused
+    CHECK(body_json(r).value("presented_generation", 0) == 1);
   }
   SUBCASE("408 when the head does not arrive in time") {
     HttpClient c;

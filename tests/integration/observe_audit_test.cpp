@@ -83,6 +83,24 @@ TEST_CASE("observe: nothing rejected, would-be rejections marked and audited, ge
   CHECK(res[0].generation == 6);
 }
 
+TEST_CASE("observe: a fence holding max_resources resources still forwards writes of new ones") {
+  RecordingUpstream up;
+  ProxySpec spec;
+  json r = route("/t/{t}/", up.url(), "t-{t}");
+  r["mode"] = "observe";
+  spec.config = config_with_routes({r});
+  (*spec.config)["max_resources"] = 2;
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  for (const char* t : {"a", "b", "c", "d"}) {
+    auto w = request(px.port(), "POST", std::string("/t/") + t + "/w", token(3));
+    INFO(t, ": ", describe(w));
+    CHECK(is_2xx(w));  // observe rejects nothing, not even beyond the cap (c, d are not tracked)
+  }
+  CHECK(up.count() == 4);
+}
+
 TEST_CASE("mode off: a plain proxy, nothing checked or marked") {
   RecordingUpstream up;
   ProxySpec spec;

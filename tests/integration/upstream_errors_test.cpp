@@ -13,10 +13,11 @@ TEST_CASE("upstream unreachable: 502 problem+json for writes and reads") {
   FG_LOG_ON_FAILURE(px);
   FG_START(px);
   auto w = request(px.port(), "POST", "/w", token(1), "x", 15s);
-  check_problem(w, 502, std::nullopt, std::nullopt, std::nullopt, /*full_fence_members=*/false);
-  CHECK(w.response.has("Fencing-Generation"));  // a fenced request: every response carries it
+  // A fenced request: its every problem names the fence, like its Fencing-Generation header.
+  check_problem(w, 502, "default", 1, 1);
   auto r = request(px.port(), "GET", "/r", {}, {}, 15s);
   check_problem(r, 502, std::nullopt, std::nullopt, std::nullopt, false);
+  CHECK_FALSE(body_json(r).contains("resource"));  // an unfenced read has no fence to name
 }
 
 TEST_CASE("upstream slower than the upstream timeout: 504 problem+json, the exchange is abandoned") {
@@ -30,7 +31,7 @@ TEST_CASE("upstream slower than the upstream timeout: 504 problem+json, the exch
   FG_LOG_ON_FAILURE(px);
   FG_START(px);
   auto t = timed_request(px.port(), "POST", "/slow", token(1));
-  check_problem(t.result, 504, std::nullopt, std::nullopt, std::nullopt, false);
+  check_problem(t.result, 504, "default", 1, 1);
   CHECK(t.elapsed < 3500ms);
   REQUIRE(up.wait_for_outcome(0, 6s));
   auto o = up.requests()[0].outcome;
