@@ -144,6 +144,26 @@ std::string mode_of(const config::Config& cfg, std::string_view resource) {
   return "unrouted";
 }
 
+// A Host a loopback-only admin API answers to: "localhost" or an IP literal, with an optional
+// port. A DNS-rebinding page reaches 127.0.0.1 under its own name, and that name is its Host.
+bool loopback_host_ok(std::string_view host) {
+  std::string_view name = host;
+  if (!name.empty() && name.front() == '[') {
+    const std::size_t close = name.find(']');
+    if (close == std::string_view::npos) return false;
+    std::string_view rest = name.substr(close + 1);
+    if (!rest.empty() && (rest.front() != ':' || rest.size() == 1)) return false;
+    boost::system::error_code ec;
+    net::ip::make_address_v6(std::string(name.substr(1, close - 1)), ec);
+    return !ec;
+  }
+  if (const std::size_t colon = name.rfind(':'); colon != std::string_view::npos) name = name.substr(0, colon);
+  if (iequals(name, "localhost")) return true;
+  boost::system::error_code ec;
+  net::ip::make_address_v4(std::string(name), ec);
+  return !ec;
+}
+
 bool constant_time_equals(std::string_view a, std::string_view b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
   for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
@@ -201,6 +221,18 @@ class AdminSession {
   Reply readyz();
   Reply audit(const std::map<std::string, std::string>& q);
   Reply unfenced(const std::map<std::string, std::string>& q);
+  // Runs one store read on the query thread. Its arguments are taken by value, so they live in
+  // the coroutine's own frame (not in a lambda's captures: GCC 12 loses those here).
+  enum class Query { resources, resource, audit, unfenced };
+  awaitable<Reply> on_query_thread(Query what, std::string id, std::map<std::string, std::string> q) {
+    switch (what) {
+      case Query::resources: co_return resources(nullptr);
+      case Query::resource: co_return resources(&id);
+      case Query::audit: co_return audit(q);
+      case Query::unfenced: co_return unfenced(q);
+    }
+    co_return Reply{};
+  }
 
   Admin& admin_;
   tcp::socket sock_;
@@ -221,6 +253,9 @@ class Admin final : public AdminServer {
       ioc.stop();
     });
     thread.join();
+    queries_work.reset();
+    queries.stop();
+    if (query_thread.joinable()) query_thread.join();
   }
 
   awaitable<void> accept_loop() {
@@ -244,8 +279,13 @@ class Admin final : public AdminServer {
   void wait_hup() {
     signals.async_wait([this](boost::system::error_code ec, int) {
       if (ec) return;
-      log::info("SIGHUP: reloading the config");
-      rt.reload();
+      if (rt.snapshot()->cfg->config_file.empty()) {
+        // As POST /v1/config/reload answers 409: flags and environment cannot change live.
+        log::warn("SIGHUP: nothing to reload (started without --config)");
+      } else {
+        log::info("SIGHUP: reloading the config");
+        rt.reload();
+      }
       wait_hup();
     });
   }
@@ -255,6 +295,11 @@ class Admin final : public AdminServer {
   tcp::acceptor acceptor;
   net::signal_set signals;
   std::thread thread;
+  // Store reads (audit queries, resource listings), one at a time, off the thread that answers
+  // health probes and fences.
+  net::io_context queries{1};
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> queries_work;
+  std::thread query_thread;
 };
 
 awaitable<void> AdminSession::run() {
@@ -342,6 +387,26 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
   if (path == "/healthz") co_return json_reply(200, {{"status", "ok"}});
   if (path == "/readyz") co_return readyz();
 
+  // The admin API is not for browsers. Without a token it trusts whoever reaches loopback, and a
+  // web page in a browser on this host reaches it too: a cross-site POST to the fence endpoint
+  // could raise any resource to 2^63-1 (every later write 409), and a DNS-rebinding page could
+  // read the audit log. Browsers mark such requests (Origin on cross-origin requests and on every
+  // POST; Sec-Fetch-Site), and a rebinding page's Host is its own name. Command-line clients
+  // (curl, fencegate elect, scripts) send none of these.
+  {
+    std::string_view site;
+    const bool from_page = h.count("Origin") > 0 ||
+                           (h.count("Sec-Fetch-Site", &site) > 0 && !iequals(site, "none"));
+    std::string_view host;
+    const bool foreign_host = cfg.admin.token.empty() && h.count("Host", &host) == 1 && !loopback_host_ok(host);
+    if (from_page || foreign_host)
+      co_return problem(403, "browser-request", "Forbidden",
+                        from_page ? "the admin API does not take requests from web pages (Origin or Sec-Fetch-Site "
+                                    "present)"
+                                  : "without an admin token the admin API answers only to Host localhost or an IP "
+                                    "address");
+  }
+
   if (!cfg.admin.token.empty()) {
     std::string_view auth;
     bool ok = h.count("Authorization", &auth) == 1 && auth.size() > 7 && iequals(auth.substr(0, 7), "Bearer ") &&
@@ -356,7 +421,12 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
   std::string qerr;
   auto q = parse_query(query, &qerr);
   if (!qerr.empty()) co_return problem(400, "bad-query", "Bad request", qerr);
-  auto method_not_allowed = [] { return problem(405, "method-not-allowed", "Method not allowed", "see GET / for the endpoints"); };
+  auto method_not_allowed = [&] {
+    Reply r = problem(405, "method-not-allowed", "Method not allowed", "see GET / for the endpoints");
+    const bool post_only = path == "/v1/config/reload" || (path.size() > 6 && path.substr(path.size() - 6) == "/fence");
+    r.extra_headers = post_only ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n";
+    return r;
+  };
 
   if (path == "/") {
     if (!get) co_return method_not_allowed();
@@ -370,7 +440,7 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
   }
   if (path == "/v1/resources") {
     if (!get) co_return method_not_allowed();
-    co_return resources(nullptr);
+    co_return co_await net::co_spawn(admin_.queries, on_query_thread(Query::resources, {}, {}), use_awaitable);
   }
   static constexpr std::string_view kRes = "/v1/resources/";
   if (path.substr(0, kRes.size()) == kRes) {
@@ -388,15 +458,18 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
       co_return co_await fence(id, h, body);
     }
     if (!get) co_return method_not_allowed();
-    co_return resources(&id);
+    co_return co_await net::co_spawn(admin_.queries, on_query_thread(Query::resource, id, {}), use_awaitable);
   }
+  // Audit queries read SQLite and may take seconds on a large log: they run on the query
+  // thread (as resource listings do), so /healthz, /readyz and the fence endpoint never wait
+  // behind one.
   if (path == "/v1/audit") {
     if (!get) co_return method_not_allowed();
-    co_return audit(q);
+    co_return co_await net::co_spawn(admin_.queries, on_query_thread(Query::audit, {}, q), use_awaitable);
   }
   if (path == "/v1/audit/unfenced") {
     if (!get) co_return method_not_allowed();
-    co_return unfenced(q);
+    co_return co_await net::co_spawn(admin_.queries, on_query_thread(Query::unfenced, {}, q), use_awaitable);
   }
   if (path == "/v1/config/reload") {
     if (!post) co_return method_not_allowed();
@@ -543,6 +616,9 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     co_return problem(428, "token-required", "Fencing token required",
                       "give the generation in the " + cfg.token_header + " header or as {\"generation\": N}");
   if (leader.size() > cfg.max_leader_bytes) co_return problem(400, "bad-leader", "Bad request", "leader is too long");
+  // As in a Fencing-Leader header: no control characters (it is shown in logs and audit rows).
+  if (std::any_of(leader.begin(), leader.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+    co_return problem(400, "bad-leader", "Bad request", "leader must not contain control characters");
 
   // A resource bound to an election authority only advances to its current leader's generation:
   // the barrier must not become a way around the authority (a forged or stale token).
@@ -716,8 +792,10 @@ Reply AdminSession::unfenced(const std::map<std::string, std::string>& q) {
   if (!parse_time_param(q, "since", &since, &err) || !parse_int_param(q, "limit", 1, 1000, &limit, &err))
     return problem(400, "bad-query", "Bad request", err);
   store::Status st = store::Status::OK();
-  auto groups = admin_.rt.store.query_unfenced(param(q, "resource"), since, static_cast<int>(limit), &st);
+  auto groups = admin_.rt.store.query_unfenced(param(q, "resource"), since, static_cast<int>(limit) + 1, &st);
   if (!st.ok()) return problem(503, "store-unavailable", "Fence store unavailable", st.message());
+  const bool more = groups.size() > static_cast<std::size_t>(limit);  // one more tells
+  if (more) groups.resize(static_cast<std::size_t>(limit));
   json list = json::array();
   for (const auto& g : groups)
     list.push_back({{"resource", g.resource},
@@ -727,7 +805,7 @@ Reply AdminSession::unfenced(const std::map<std::string, std::string>& q) {
                     {"count", g.count},
                     {"first_seen", format_rfc3339_ms(g.first_ms)},
                     {"last_seen", format_rfc3339_ms(g.last_ms)}});
-  return json_reply(200, {{"callers", list}});
+  return json_reply(200, {{"callers", list}, {"truncated", more}});
 }
 
 }  // namespace
@@ -758,6 +836,8 @@ std::unique_ptr<AdminServer> AdminServer::start(Runtime& rt, const config::Endpo
   Admin* raw = a.get();
   net::co_spawn(a->ioc, raw->accept_loop(), net::detached);
   raw->wait_hup();
+  raw->queries_work.emplace(raw->queries.get_executor());
+  raw->query_thread = std::thread([raw] { raw->queries.run(); });
   a->thread = std::thread([raw] { raw->ioc.run(); });
   return a;
 }

@@ -61,7 +61,8 @@ constexpr const char* kUsage =
     "  --limit N          at most N rows, the newest (default 50)\n"
     "  --json             one JSON object per line instead of a table; keys: id, time, resource,\n"
     "                     decision, presented_generation, current_generation, method, target,\n"
-    "                     client, leader, mode\n"
+    "                     client, leader, mode, user_agent (presented_generation null: no valid\n"
+    "                     token)\n"
     "  --follow           print the newest --limit matching rows OLDEST FIRST, then keep printing\n"
     "                     new matching rows as they are committed (polled every 250 ms) until\n"
     "                     interrupted (SIGINT/SIGTERM, exit 0)\n"
@@ -280,7 +281,9 @@ class Printer {
     json_string(&buf_, r.resource);
     buf_ += ",\"decision\":";
     json_string(&buf_, r.decision);
-    buf_ += ",\"presented_generation\":" + std::to_string(r.presented_generation);
+    // As GET /v1/audit writes them: no valid token presented is null, not 0.
+    buf_ += ",\"presented_generation\":" +
+            (r.presented_generation ? std::to_string(r.presented_generation) : std::string("null"));
     buf_ += ",\"current_generation\":" + std::to_string(r.current_generation);
     buf_ += ",\"method\":";
     json_string(&buf_, r.method);
@@ -292,6 +295,8 @@ class Printer {
     json_string(&buf_, r.leader);
     buf_ += ",\"mode\":";
     json_string(&buf_, r.mode);
+    buf_ += ",\"user_agent\":";
+    json_string(&buf_, r.user_agent);
     buf_ += "}\n";
   }
 

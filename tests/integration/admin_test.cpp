@@ -520,6 +520,10 @@ TEST_CASE("admin: /v1/audit/unfenced groups observe-mode callers without a valid
   INFO("unfenced: ", callers.dump(1));
   REQUIRE(complete);
   REQUIRE(callers.size() == 2);
+  json page = admin_json(admin, "/v1/audit/unfenced?limit=1");
+  CHECK(page["callers"].size() == 1);
+  CHECK(page["truncated"] == true);  // a partial answer says so
+  CHECK(admin_json(admin, "/v1/audit/unfenced")["truncated"] == false);
   std::map<std::string, json> by;
   for (const auto& g : callers) by[g.value("user_agent", std::string())] = g;
   REQUIRE(by.count("billing/1.0"));
@@ -620,6 +624,57 @@ TEST_CASE("admin: with a token file every endpoint but healthz/readyz needs the 
   CHECK(is_2xx(request(px.port(), "POST", "/w", token(1))));
   CHECK(request(admin, "POST", "/v1/resources/default/fence", token(50, right)).code() == 200);
   CHECK(request(px.port(), "POST", "/w", token(1)).code() == 409);
+}
+
+TEST_CASE("admin: requests from web pages are refused (cross-site POST, DNS rebinding); command-line clients are not") {
+  RecordingUpstream up;
+  Proxy px(config_spec(two_route_config(up)));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  const std::string body = R"({"generation": 9223372036854775807})";
+  // A page on any site can make the browser POST here: it must not lock the resource forever.
+  for (const Headers& page : {Headers{{"Origin", "http://evil.example"}}, Headers{{"Origin", "null"}},
+                              Headers{{"Sec-Fetch-Site", "cross-site"}}, Headers{{"Sec-Fetch-Site", "same-origin"}}}) {
+    auto r = fence_call(admin, "ledger", page, body);
+    INFO(describe(r));
+    CHECK(r.code() == 403);
+    CHECK(body_json(r).value("type", "") == "urn:fencegate:problem:browser-request");
+  }
+  CHECK(request(admin, "GET", "/v1/resources/ledger").code() == 404);  // never advanced
+  // A rebinding page reads under its own name: its Host.
+  const std::string p = std::to_string(admin);
+  CHECK(request(admin, "GET", "/v1/audit", {{"Host", "evil.example:" + p}}).code() == 403);
+  CHECK(request(admin, "GET", "/metrics", {{"Host", "127.0.0.1.evil.example"}}).code() == 403);
+  for (const std::string& host : {"127.0.0.1:" + p, "localhost:" + p, std::string("LOCALHOST"), "[::1]:" + p,
+                                  std::string("127.0.0.1")}) {
+    INFO(host);
+    CHECK(request(admin, "GET", "/v1/audit", {{"Host", host}}).code() == 200);
+  }
+  // An operator typing the URL into a browser: Sec-Fetch-Site none, no Origin.
+  CHECK(request(admin, "GET", "/v1/audit", {{"Sec-Fetch-Site", "none"}}).code() == 200);
+  // Probes are never refused.
+  CHECK(request(admin, "GET", "/healthz", {{"Origin", "http://evil.example"}}).code() == 200);
+  // A plain client still fences.
+  CHECK(fence_call(admin, "ledger", {}, R"({"generation": 5})").code() == 200);
+}
+
+TEST_CASE("admin: 405 says what is allowed; a fence leader with control characters is a 400") {
+  RecordingUpstream up;
+  Proxy px(config_spec(two_route_config(up)));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  auto r = request(admin, "DELETE", "/v1/audit");
+  CHECK(r.code() == 405);
+  CHECK(r.response.header("Allow") == "GET, HEAD");
+  r = request(admin, "GET", "/v1/resources/ledger/fence");
+  CHECK(r.code() == 405);
+  CHECK(r.response.header("Allow") == "POST");
+  r = fence_call(admin, "ledger", {}, R"({"generation": 3, "leader": "a\u001b[31mb"})");
+  CHECK(r.code() == 400);
+  CHECK(body_json(r).value("detail", "").find("control characters") != std::string::npos);
+  CHECK(request(admin, "GET", "/v1/resources/ledger").code() == 404);
 }
 
 }  // TEST_SUITE admin_auth

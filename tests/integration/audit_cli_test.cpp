@@ -103,7 +103,7 @@ std::vector<std::string> json_keys(const std::string& line) {
 
 std::string json_field(const std::string& line, const std::string& k) {
   std::smatch m;
-  std::regex re("\"" + k + R"re(":("[^"]*"|-?[0-9]+))re");
+  std::regex re("\"" + k + R"re(":("[^"]*"|-?[0-9]+|null))re");
   if (!std::regex_search(line, m, re)) return "<missing>";
   std::string v = m[1];
   return v.size() >= 2 && v.front() == '"' ? v.substr(1, v.size() - 2) : v;
@@ -158,7 +158,8 @@ TEST_CASE("audit: --json lines carry exactly the documented keys") {
   auto ls = lines(r.out);
   REQUIRE(ls.size() == 5);
   const std::vector<std::string> want = {"id",     "time",   "resource", "decision", "presented_generation",
-                                         "current_generation", "method", "target", "client", "leader", "mode"};
+                                         "current_generation", "method", "target", "client", "leader", "mode",
+                                         "user_agent"};
   for (const auto& l : ls) {
     INFO(l);
     CHECK(l.front() == '{');
@@ -177,7 +178,8 @@ TEST_CASE("audit: --json lines carry exactly the documented keys") {
   CHECK(json_field(oldest, "client") == "10.0.0.7");
   CHECK(json_field(oldest, "leader") == "L1");
   CHECK(json_field(oldest, "mode") == "enforce");
-  CHECK(json_field(ls[3], "presented_generation") == "0");
+  CHECK(json_field(ls[3], "presented_generation") == "null");  // as GET /v1/audit has it
+  CHECK(json_field(oldest, "user_agent") == "test");
   CHECK(json_field(ls[3], "leader") == "");
 }
 
@@ -311,7 +313,7 @@ TEST_CASE("audit --follow prints the backlog oldest first, then rows committed l
   const std::vector<std::string> want = {"/orders/2", "/orders/new", "/orders/live-1", "/orders/live-2",
                                          "/orders/live-3"};
   CHECK(targets(p.log()) == want);
-  for (const auto& l : lines(p.log())) CHECK(json_keys(l).size() == 11);
+  for (const auto& l : lines(p.log())) CHECK(json_keys(l).size() == 12);
 
   CHECK(p.running());
   p.kill(SIGTERM);
