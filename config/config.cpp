@@ -870,21 +870,31 @@ void validate(Config& c, std::vector<std::string>& errors) {
     }
     if (r.authority) check_authority(*r.authority, name + ".authority", errors);
   }
-  // A resource has one mode. If an observe route can name a resource an enforce route fences,
-  // the observe route forwards the stale writes the enforce route refuses, to the same
-  // resource. (Off routes never touch the fence: their resource name is unused.)
+  // A resource has one mode and one authority. If an observe route can name a resource an
+  // enforce route fences, the observe route forwards the stale writes the enforce route
+  // refuses, to the same resource. If routes with different authorities (or one with none) can
+  // name it, a token valid on one route advances the fence past the other election's leader: a
+  // forged 2^63-1 through a plain route locks an election's resource for good. (Off routes
+  // never touch the fence: their resource name is unused.)
+  auto authority_of = [](const Route& r) { return r.authority ? "election " + quote(r.authority->election) : std::string("no election"); };
   for (std::size_t j = 0; j < c.routes.size(); ++j) {
     const Route& rj = c.routes[j];
-    if (rj.mode != Mode::observe || !check_route_template(rj).empty()) continue;
-    for (std::size_t i = 0; i < c.routes.size(); ++i) {
+    if (rj.mode == Mode::off || !check_route_template(rj).empty()) continue;
+    for (std::size_t i = 0; i < j; ++i) {
       const Route& ri = c.routes[i];
-      if (ri.mode != Mode::enforce || !check_route_template(ri).empty()) continue;
-      if (!resource_templates_overlap(ri.resource, rj.resource)) continue;
-      errors.push_back("routes[" + std::to_string(j) + "].mode: observe, but its resource " + quote(rj.resource) +
-                       " can be the resource " + quote(ri.resource) + " that routes[" + std::to_string(i) +
-                       "] (" + quote(ri.prefix) +
-                       ") enforces; a resource is fenced in one mode: give both routes the same mode, or "
-                       "different resources");
+      if (ri.mode == Mode::off || !check_route_template(ri).empty()) continue;
+      const bool same_authority = ri.authority ? (rj.authority && ri.authority->id() == rj.authority->id()) : !rj.authority;
+      if ((ri.mode == rj.mode && same_authority) || !resource_templates_overlap(ri.resource, rj.resource)) continue;
+      const std::string both = "its resource " + quote(rj.resource) + " can be the resource " + quote(ri.resource) +
+                               " of routes[" + std::to_string(i) + "] (" + quote(ri.prefix) + ")";
+      if (ri.mode != rj.mode)
+        errors.push_back("routes[" + std::to_string(j) + "].mode: " + std::string(to_string(rj.mode)) + ", but " + both +
+                         ", which is " + std::string(to_string(ri.mode)) +
+                         "d; a resource is fenced in one mode: give both routes the same mode, or different resources");
+      else
+        errors.push_back("routes[" + std::to_string(j) + "].authority: " + authority_of(rj) + ", but " + both +
+                         ", fenced under " + authority_of(ri) +
+                         "; a resource has one authority: give both routes the same one, or different resources");
       break;
     }
   }

@@ -284,8 +284,10 @@ void Authority::on_batch(const election::WatchBatch& b) {
   {
     std::lock_guard lk(mu_);
     view_.apply(b);
-    last_contact_ = std::max(last_contact_, Clock::now());
-    contacted_ = true;
+    // Not contact: a watch message says nothing of when etcd sent it. Over a slow link it may
+    // describe a leader etcd deleted seconds ago, and counting its arrival as contact would
+    // stretch the leader's window past its lease. Contact is what resync() proves, from the
+    // moment its range was sent.
     after_change_locked();
   }
   announce();
@@ -295,9 +297,7 @@ void Authority::on_watch_state(election::Watch::State s, std::int64_t revision, 
   using S = election::Watch::State;
   if (s == S::watching) {
     std::lock_guard lk(mu_);
-    view_.saw_revision(revision);
-    last_contact_ = std::max(last_contact_, Clock::now());
-    contacted_ = true;
+    view_.saw_revision(revision);  // (not contact either: see on_batch)
   } else if (s == S::compacted) {
     log::warn("authority: watch compacted; resyncing", {log::kv("election", cfg_.election),
                                                         log::kv("compact_revision", revision)});
@@ -432,19 +432,8 @@ void Authorities::advance(const config::Authority& a, std::int64_t g, const std:
   const std::string lead = leader.substr(0, snap->cfg->max_leader_bytes);
   std::vector<ResourceView> held;
   bool have_held = false;
-  // A held resource that some other route (another election's, or one with none) may also name
-  // is not this election's to advance: "{name}" matches every resource there is, and advancing
-  // another election's resource to this leader's revision would fence out that election's own
-  // leader. Such a resource is still checked against this election on every request through
-  // this route; only the advance ahead of the first write is skipped.
-  auto claimed_elsewhere = [&](const std::string& name) {
-    for (const auto& o : snap->cfg->routes) {
-      if (o.authority && *o.authority == a) continue;
-      if (o.resource.find('{') == std::string::npos ? o.resource == name : resource_matches_template(o.resource, name))
-        return true;
-    }
-    return false;
-  };
+  // No route of another election (or of none) can name these resources: config validation
+  // refuses such overlaps, so a held resource matching this route's template is this election's.
   for (const auto& r : snap->cfg->routes) {
     if (!r.authority || !(*r.authority == a) || r.mode == config::Mode::off) continue;
     std::vector<std::string> resources;
@@ -456,7 +445,7 @@ void Authorities::advance(const config::Authority& a, std::int64_t g, const std:
         have_held = true;
       }
       for (const auto& v : held)
-        if (resource_matches_template(r.resource, v.name) && !claimed_elsewhere(v.name)) resources.push_back(v.name);
+        if (resource_matches_template(r.resource, v.name)) resources.push_back(v.name);
     }
     for (const auto& res : resources) {
       // Fire and forget: the decision arrives on the store or timer thread; the node lives until

@@ -277,22 +277,33 @@ TEST_CASE("route validation") {
   CHECK(ok.config->routes[0].upstream_addr.port == 9000);
 }
 
-TEST_CASE("an observe route may not name a resource an enforce route fences") {
+TEST_CASE("routes that can name one resource must agree on its mode and authority") {
   auto two = [](const std::string& a, const std::string& b) {
     return load_json(R"({"routes": [)" + a + ", " + b + "]}");
   };
   // Both default to resource "default": the observe route would forward what enforce refuses.
   auto r = two(R"({"prefix": "/a/", "upstream": "http://h:1"})", R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "observe"})");
   CHECK(has_error_starting(r, "routes[1].mode: observe, but its resource \"default\" can be the resource \"default\" "
-                              "that routes[0] (\"/a/\") enforces"));
+                              "of routes[0] (\"/a/\"), which is enforced"));
   // A template that can produce the other's name.
   r = two(R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "mode": "observe", "resource": "tenant-{t}"})",
           R"({"prefix": "/acme/", "upstream": "http://h:1", "resource": "tenant-acme"})");
-  CHECK(has_error_starting(r, "routes[0].mode: observe, but its resource \"tenant-{t}\""));
+  CHECK(has_error_starting(r, "routes[1].mode: enforce, but its resource \"tenant-acme\" can be the resource "
+                              "\"tenant-{t}\" of routes[0] (\"/t/{t}/\"), which is observed"));
   r = two(R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "mode": "observe", "resource": "{t}-x"})",
           R"({"prefix": "/u/{u}/", "upstream": "http://h:1", "resource": "a-{u}"})");
-  CHECK(has_error_starting(r, "routes[0].mode: observe"));
-  // Disjoint names, an off route, or the same mode: fine.
+  CHECK(has_error_starting(r, "routes[1].mode: enforce"));
+  // A plain route that can name an election's resource: a forged token through it would lock
+  // the election's leaders out.
+  const std::string billing = R"("authority": {"etcd": ["http://127.0.0.1:2379"], "election": "billing"})";
+  r = two(R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}", )" + billing + "}",
+          R"({"prefix": "/x/{name}/", "upstream": "http://h:1", "resource": "{name}"})");
+  CHECK(has_error_starting(r, "routes[1].authority: no election, but its resource \"{name}\" can be the resource "
+                              "\"t-{t}\" of routes[0] (\"/t/{t}/\"), fenced under election \"billing\""));
+  r = two(R"({"prefix": "/t/{name}/", "upstream": "http://h:1", "resource": "{name}", )" + billing + "}",
+          R"({"prefix": "/ledger/", "upstream": "http://h:1", "resource": "ledger", "authority": {"etcd": ["http://127.0.0.1:2379"], "election": "payroll"}})");
+  CHECK(has_error_starting(r, "routes[1].authority: election \"payroll\", but"));
+  // Disjoint names, an off route, or the same mode and authority: fine.
   for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{
            {R"({"prefix": "/a/", "upstream": "http://h:1", "resource": "ledger"})",
             R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "observe"})"},
@@ -302,7 +313,11 @@ TEST_CASE("an observe route may not name a resource an enforce route fences") {
             R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "observe", "resource": "t-a:b"})"},
            {R"({"prefix": "/a/", "upstream": "http://h:1"})", R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "off"})"},
            {R"({"prefix": "/a/", "upstream": "http://h:1", "mode": "observe"})",
-            R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "observe"})"}}) {
+            R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "observe"})"},
+           {R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}", )" + billing + "}",
+            R"({"prefix": "/v2/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}", )" + billing + "}"},
+           {R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}", )" + billing + "}",
+            R"({"prefix": "/", "upstream": "http://h:1", "resource": "other"})"}}) {
     auto ok = two(a, b);
     CHECK_MESSAGE(ok.config, a, " + ", b, ": ", joined(ok.errors));
   }

@@ -221,48 +221,9 @@ TEST_CASE("authority: a new leader is fenced in before it writes; candidates, fo
   proxy.stop();
 }
 
-TEST_CASE("authority: a new leader's advance leaves resources another election's route may name alone") {
-  FG_REQUIRE_ETCD();
-  EtcdServer etcd;
-  FG_START_ETCD(etcd);
-  RecordingUpstream upstream;
-  // "{name}" matches every resource name, "ledger" included; "ledger" is payroll's.
-  AuthProxy proxy(json::array(
-      {{{"prefix", "/t/{name}/"}, {"upstream", upstream.url()}, {"resource", "{name}"},
-        {"authority", {{"etcd", {etcd.url()}}, {"election", "billing"}}}},
-       {{"prefix", "/ledger/"}, {"upstream", upstream.url()}, {"resource", "ledger"},
-        {"authority", {{"etcd", {etcd.url()}}, {"election", "payroll"}}}}}));
-  INFO(proxy.log());
-  REQUIRE(proxy.start());
-  Client c(client_options(etcd));
-  auto write_t = [&](const std::string& name, std::int64_t g) {
-    return request(proxy.port(), "POST", "/t/" + name + "/x", {{"Fencing-Token", std::to_string(g)}}, "{}", 10s);
-  };
-
-  LeaseGrant lb1, lp, lb2;
-  REQUIRE(c.grant(10, &lb1).ok());
-  REQUIRE(c.grant(10, &lp).ok());
-  REQUIRE(c.grant(10, &lb2).ok());
-  LeaderKey b1, p, b2;
-  REQUIRE(c.campaign("billing", lb1.id, "bill-1", &b1).ok());
-  REQUIRE(eventually([&] { return write_t("acme", b1.rev).code() == 200; }, 10s));  // billing holds "acme"
-  REQUIRE(c.campaign("payroll", lp.id, "pay", &p).ok());
-  CHECK(eventually([&] { return proxy.generation("ledger") == p.rev; }, 10s));
-  auto r = proxy.write(p.rev, "pay");
-  CHECK_MESSAGE(r.code() == 200, describe(r));
-
-  // Billing's next leader: its own resource is fenced in ahead of its writes...
-  REQUIRE(c.resign(b1, 3s).ok());
-  REQUIRE(c.campaign("billing", lb2.id, "bill-2", &b2).ok());
-  REQUIRE(b2.rev > p.rev);
-  CHECK(eventually([&] { return proxy.generation("acme") == b2.rev; }, 10s));
-  // ...but payroll's is not: its leader still leads and still writes.
-  CHECK(proxy.generation("ledger") == p.rev);
-  r = proxy.write(p.rev, "pay");
-  CHECK_MESSAGE(r.code() == 200, describe(r));
-  CHECK(write_t("acme", b1.rev).code() == 409);
-  proxy.stop();
-}
+// Routes of different elections (or of none) that can name one resource are refused by config
+// validation (tests/config: "routes that can name one resource must agree on its mode and
+// authority"), so an advance never reaches another election's resource.
 
 TEST_CASE("authority: observe mode marks what enforce would reject and never advances to a forged token") {
   FG_REQUIRE_ETCD();
