@@ -17,7 +17,9 @@
 
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/types.h>
+#include <linux/close_range.h>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -81,8 +83,8 @@ constexpr const char* kElectUsage =
     "  5. when COMMAND exits: SIGKILL to what is left of its process group, resign, revoke the\n"
     "     lease, exit with COMMAND's status (128+N if killed by signal N).\n"
     "  SIGTERM/SIGINT are passed to the command's process group (SIGKILL after --grace-ms),\n"
-    "  then elect resigns and exits with the command's status. If elect itself dies, the command\n"
-    "  gets SIGKILL (parent-death signal).\n"
+    "  then elect resigns and exits with the command's status. If elect itself dies (even by\n"
+    "  SIGKILL), the command's whole process group gets SIGKILL (a guardian process watches elect).\n"
     "\n"
     "Flags:\n"
     "  --etcd URLS              etcd client URLs, comma-separated (http://host:port), required\n"
@@ -226,6 +228,73 @@ int exit_code_of(int wstatus) {
   return 1;
 }
 
+// Marks every descriptor from 3 on close-on-exec (async-signal-safe): the command must not
+// inherit elect's etcd connections, nor a guardian its parent's.
+void cloexec_from_3() {
+  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+  struct rlimit rl {};
+  const rlim_t top = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 65536;
+  for (rlim_t fd = 3; fd < std::min<rlim_t>(top, 1 << 20); ++fd) fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+}
+
+// The guardian of one command: a small process that outlives elect. The parent-death signal
+// (PR_SET_PDEATHSIG) reaches only the command itself; its children would run on after a
+// SIGKILL of elect, with the token. The guardian holds the read end of a pipe whose write end
+// only elect holds: when elect dies, however it dies, the guardian reads EOF and kills the
+// command's whole process group. When elect is done with the command (reaped, group killed), it
+// says so first and the guardian just exits.
+struct Guardian {
+  pid_t pid = -1;
+  int fd = -1;  // write end: a byte 'd' = done; EOF without it = elect is gone
+};
+
+Guardian start_guardian(pid_t group) {
+  Guardian g;
+  int life[2];
+  if (pipe2(life, O_CLOEXEC) != 0) return g;
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(life[0]);
+    close(life[1]);
+    return g;
+  }
+  if (pid == 0) {
+    // Only async-signal-safe calls from here on.
+    close(life[1]);
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, nullptr);  // ends only through the pipe (or SIGKILL)
+    if (life[0] != 3) {
+      dup2(life[0], 3);
+      close(life[0]);
+    }
+    ::close_range(4, ~0U, 0);
+    char c = 0;
+    ssize_t n;
+    do n = read(3, &c, 1);
+    while (n < 0 && errno == EINTR);
+    if (!(n == 1 && c == 'd')) kill(-group, SIGKILL);
+    _exit(0);
+  }
+  close(life[0]);
+  g.pid = pid;
+  g.fd = life[1];
+  return g;
+}
+
+void release_guardian(Guardian& g) {
+  if (g.fd >= 0) {
+    [[maybe_unused]] auto n = write(g.fd, "d", 1);
+    close(g.fd);
+    g.fd = -1;
+  }
+  if (g.pid > 0) {
+    while (waitpid(g.pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    g.pid = -1;
+  }
+}
+
 // Starts the command in its own process group with `env`. Returns its pid, or -1 (errno set).
 pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env) {
   // Everything the child needs is built before fork(): after it, only async-signal-safe calls.
@@ -253,6 +322,7 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
     // If elect dies (even by SIGKILL), the command must not keep running on its authority.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
+    cloexec_from_3();
     signal(SIGPIPE, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
@@ -638,6 +708,8 @@ int Elect::run() {
       return kExitUnavailable;
     }
     log::info("command started", {log::kv("pid", pid), log::kv("token", token), log::kv("command", f_.command.front())});
+    Guardian guardian = start_guardian(pid);
+    if (guardian.pid < 0) log::warn("could not start the command's guardian: if elect is killed, the command's children may outlive it");
     int wstatus = 0;
     bool exited = false, lost = false;
     int forwarded = 0;
@@ -648,18 +720,19 @@ int Elect::run() {
         exited = true;
         break;
       }
-      if (guard.gone()) {
-        log::error("leadership lost: the leader key was deleted; stopping the command",
-                   {log::kv("key", lk.key), log::kv("token", token), log::kv("pid", pid)});
+      if (!keeper->valid()) {
+        log::error("leadership lost: stopping the command",
+                   {log::kv("state", LeaseKeeper::to_string(keeper->state())), log::kv("token", token), log::kv("pid", pid),
+                    log::kv("late_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - keeper->deadline()).count())});
         bool have = false;
         wstatus = stop_command(pid, SIGTERM, &have);
         lost = true;
         break;
       }
-      if (!keeper->valid()) {
-        log::error("leadership lost: stopping the command",
-                   {log::kv("state", LeaseKeeper::to_string(keeper->state())), log::kv("token", token), log::kv("pid", pid),
-                    log::kv("late_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - keeper->deadline()).count())});
+      // After the lease (a paused elect sees its deadline passed first, whatever the watch says).
+      if (guard.gone()) {
+        log::error("leadership lost: the leader key was deleted; stopping the command",
+                   {log::kv("key", lk.key), log::kv("token", token), log::kv("pid", pid)});
         bool have = false;
         wstatus = stop_command(pid, SIGTERM, &have);
         lost = true;
@@ -679,6 +752,7 @@ int Elect::run() {
         kill_at = Clock::time_point::max();
       }
     }
+    release_guardian(guardian);  // the command is reaped and its group killed
 
     // --- 5. Resign and revoke.
     if (lost) {

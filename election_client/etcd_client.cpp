@@ -82,9 +82,41 @@ void Client::give_back(std::unique_ptr<HttpConnection> c) {
 
 Status Client::call(std::string_view path, const std::string& body, std::string* out, std::chrono::milliseconds timeout,
                     const std::atomic<bool>* cancel) {
+  return call_shared(path, body, out, timeout, cancel, /*share=*/true);
+}
+
+Status Client::call_shared(std::string_view path, const std::string& body, std::string* out,
+                           std::chrono::milliseconds timeout, const std::atomic<bool>* cancel, bool share) {
+  // The time is shared among the endpoints: a call that times out on a hung member (it accepts,
+  // then never answers) ends there, and the connection moves on to the next endpoint. Each
+  // attempt but the last gets an equal share of what is left, so a hung first endpoint cannot
+  // use it all (fencegate elect exited 1 with --etcd hung,good).
   auto conn = take();
   HttpResponse r;
-  Status st = conn->post(path, body, timeout, &r, cancel);
+  auto attempts = [&](std::string_view p, std::string_view b, std::chrono::milliseconds t) {
+    const std::size_t n = options_.endpoints.size();
+    const auto deadline = std::chrono::steady_clock::now() + t;
+    Status st = Status::Unavailable("no etcd endpoint answered within " + std::to_string(t.count()) + " ms");
+    for (std::size_t tried = 0; tried < n; ++tried) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left <= std::chrono::milliseconds(0)) break;
+      auto per = left;
+      if (tried + 1 < n)
+        per = std::max(left / static_cast<long>(n - tried), std::min(std::chrono::milliseconds(250), left));
+      st = conn->post(p, b, per, &r, cancel);
+      if (!st.is_unavailable()) break;
+    }
+    return st;
+  };
+  Status st = Status::OK();
+  if (share) {
+    st = attempts(path, body, timeout);
+  } else {
+    // A long wait (campaign) cannot tell a hung member from a long queue: it goes to an endpoint
+    // that has just answered a cheap request (found with the time shared as above).
+    st = attempts("/v3/maintenance/status", "{}", options_.request_timeout);
+    if (st.ok()) st = conn->post(path, body, timeout, &r, cancel);
+  }
   give_back(std::move(conn));
   if (!st.ok()) return st;
   if (r.status == 200) {
@@ -109,9 +141,10 @@ Status parse_object(const std::string& text, json* out) {
 }
 }  // namespace
 
-Status Client::grant(std::int64_t ttl_seconds, LeaseGrant* out) {
+Status Client::grant(std::int64_t ttl_seconds, LeaseGrant* out, std::chrono::milliseconds timeout) {
   std::string text;
-  Status st = call("/v3/lease/grant", json{{"TTL", str64(ttl_seconds)}}.dump(), &text, options_.request_timeout);
+  Status st = call("/v3/lease/grant", json{{"TTL", str64(ttl_seconds)}}.dump(), &text,
+                   timeout.count() > 0 ? timeout : options_.request_timeout);
   if (!st.ok()) return st;
   json j;
   if (st = parse_object(text, &j); !st.ok()) return st;
@@ -169,7 +202,8 @@ Status Client::campaign(std::string_view name, std::int64_t lease_id, std::strin
   std::string text;
   // No deadline of our own: campaigning waits for the predecessors to go. A broken connection
   // ends it (unavailable); the caller campaigns again, and etcd reuses this lease's key.
-  Status st = call("/v3/election/campaign", req.dump(), &text, std::chrono::hours(24 * 365), cancel);
+  Status st = call_shared("/v3/election/campaign", req.dump(), &text, std::chrono::hours(24 * 365), cancel,
+                          /*share=*/false);
   if (!st.ok()) return st;
   json j;
   if (st = parse_object(text, &j); !st.ok()) return st;

@@ -73,7 +73,8 @@ class Client {
   const ClientOptions& options() const { return options_; }
 
   // Leases.
-  Status grant(std::int64_t ttl_seconds, LeaseGrant* out);
+  // timeout 0: ClientOptions::request_timeout.
+  Status grant(std::int64_t ttl_seconds, LeaseGrant* out, std::chrono::milliseconds timeout = {});
   // One renewal. *ttl_out is the TTL etcd reset the lease to; 0 means the lease is gone
   // (etcd answers a keepalive on an expired or revoked lease with no TTL).
   Status keepalive(std::int64_t lease_id, std::int64_t* ttl_out, std::chrono::milliseconds timeout);
@@ -100,11 +101,16 @@ class Client {
   Status delete_range(std::string_view key, std::string_view range_end, std::int64_t* deleted = nullptr);
 
   // The raw call: POSTs `body` to `path` (e.g. "/v3/kv/range") and returns the JSON text of a
-  // 200 answer in *out, or the etcd error.
+  // 200 answer in *out, or the etcd error. `timeout` is shared among the endpoints (an attempt
+  // on one that does not answer gets an equal share of the time left, then the next is tried).
   Status call(std::string_view path, const std::string& body, std::string* out,
               std::chrono::milliseconds timeout, const std::atomic<bool>* cancel = nullptr);
 
  private:
+  // call(); share=false gives the whole timeout to one attempt (campaign: it waits, cancellably).
+  Status call_shared(std::string_view path, const std::string& body, std::string* out,
+                     std::chrono::milliseconds timeout, const std::atomic<bool>* cancel, bool share);
+
   std::unique_ptr<HttpConnection> take();
   void give_back(std::unique_ptr<HttpConnection> c);
 

@@ -59,7 +59,11 @@ bool LeaseKeeper::valid() const {
 Status LeaseKeeper::start() {
   const auto sent = Clock::now();
   LeaseGrant g;
-  Status st = client_.grant(options_.ttl_seconds, &g);
+  // A grant that takes most of the TTL arrives in jeopardy: the deadline counts from its sending.
+  // So it gets a third of the TTL (at least 500 ms), shared among the endpoints like any call.
+  const auto budget = std::min(options_.client.request_timeout,
+                               std::max(milliseconds(options_.ttl_seconds * 1000 / 3), milliseconds(500)));
+  Status st = client_.grant(options_.ttl_seconds, &g, budget);
   if (!st.ok()) return st;
   lease_id_ = g.id;
   ttl_ = g.ttl;

@@ -2,6 +2,14 @@
 // activation barrier either a recording HTTP server or a real `fencegate serve`.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/election/etcd_harness.h"
@@ -412,4 +420,51 @@ TEST_CASE("elect: --recampaign starts a new term after the lease is lost; leftov
   const pid_t p = static_cast<pid_t>(std::stol(bgpid));
   // sleep was re-parented to init (or a subreaper); give it a moment to be reaped.
   CHECK(eventually([&] { return !pid_alive(p); }, 3s));
+}
+
+TEST_CASE("elect: SIGKILLed, its command's whole group dies with it; the command inherits no etcd sockets") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  const std::string bg = dir.file("bg.pid");
+  // The command forks a child of its own (a worker pool, a shell pipeline).
+  Process e = Process::start({kFencegate, "elect", "--etcd", etcd.url(), "--election", "jobs", "--ttl", "5", "--",
+                              "sh", "-c", "sleep 60 & echo $! > '" + bg + ".tmp'; mv '" + bg + ".tmp' '" + bg + "'; wait"},
+                             ProcessOptions{dir.file("elect.log"), {}, {}});
+  INFO(read_file(dir.file("elect.log")));
+  REQUIRE(eventually([&] { return file_exists(bg); }, 10s));
+  const pid_t grandchild = static_cast<pid_t>(std::stol(read_file(bg)));
+  REQUIRE(pid_alive(grandchild));
+  // It holds only stdin, stdout and stderr: no lease or client connection to etcd.
+  std::vector<std::string> fds;
+  for (const auto& d : std::filesystem::directory_iterator("/proc/" + std::to_string(grandchild) + "/fd"))
+    fds.push_back(d.path().filename().string());
+  std::sort(fds.begin(), fds.end());
+  CHECK(fds == std::vector<std::string>{"0", "1", "2"});
+  e.kill(SIGKILL);
+  // The parent-death signal reaches only the direct child; the guardian takes the rest.
+  CHECK(eventually([&] { return !pid_alive(grandchild); }, 3s));
+}
+
+TEST_CASE("elect: a first etcd endpoint that accepts and never answers does not use up the grant's time") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  // Listens, never accepts: connections complete in the backlog, requests get no answer.
+  const int hung = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(hung, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  ::getsockname(hung, reinterpret_cast<sockaddr*>(&a), &len);
+  REQUIRE(::listen(hung, 64) == 0);
+  const std::string hung_url = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  auto r = run_command({kFencegate, "elect", "--etcd", hung_url + "," + etcd.url(), "--election", "jobs", "--ttl", "3",
+                        "--", "sh", "-c", "test \"$FENCING_TOKEN\" -gt 0 && exit 9"},
+                       40s);
+  ::close(hung);
+  INFO(r.err);
+  CHECK(r.code() == 9);  // elected through the second endpoint, the command ran
 }
