@@ -325,8 +325,12 @@ class Reader {
 
 class OwnedStore final : public Store {
  public:
-  OwnedStore(std::string path, int lock_fd, sqlite3* wdb, sqlite3* rdb)
-      : path_(std::move(path)), lock_fd_(lock_fd), wdb_(wdb), reader_(std::make_unique<Reader>(rdb)) {}
+  OwnedStore(std::string path, int lock_fd, int db_lock_fd, sqlite3* wdb, sqlite3* rdb)
+      : path_(std::move(path)),
+        lock_fd_(lock_fd),
+        db_lock_fd_(db_lock_fd),
+        wdb_(wdb),
+        reader_(std::make_unique<Reader>(rdb)) {}
 
   // Prepares the writer's statements and starts the thread. Returns "" or an error.
   std::string start() {
@@ -365,7 +369,8 @@ class OwnedStore final : public Store {
     for (auto* st : {begin_, commit_, rollback_, upsert_, insert_audit_, prune_age_, prune_oldest_, count_audit_})
       sqlite3_finalize(st);
     sqlite3_close_v2(wdb_);
-    ::close(lock_fd_);  // release ownership only after every connection is closed
+    ::close(db_lock_fd_);  // release ownership only after every connection is closed
+    ::close(lock_fd_);
   }
 
   std::vector<ResourceState> load_all() override {
@@ -678,6 +683,7 @@ class OwnedStore final : public Store {
   // Constant after construction
   const std::string path_;
   const int lock_fd_;
+  const int db_lock_fd_;
   sqlite3* const wdb_;  // used only by the store thread after start()
   sqlite3_stmt* begin_ = nullptr;
   sqlite3_stmt* commit_ = nullptr;
@@ -776,8 +782,9 @@ std::string owned_name(const std::string& path, std::string* out) {
   return {};
 }
 
-// Takes the ownership lock. Returns the fd, or -1 with *error set.
-int take_lock(const std::string& path, std::string* error) {
+// Takes the ownership locks (the lock file's and the database file's). Returns the lock file's
+// fd with *db_fd set, or -1 with *error set.
+int take_lock(const std::string& path, std::string* error, int* db_fd) {
   const std::string lock_path = path + ".lock";
   int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -797,6 +804,30 @@ int take_lock(const std::string& path, std::string* error) {
                " is held)";
     else
       *error = "cannot lock " + lock_path + " for database " + path + ": " + std::strerror(e);
+    return -1;
+  }
+  // The database file itself is locked too: with the lock file deleted (a cleanup script, an
+  // operator), a second fencegate would create a new one, take it, and own the same database.
+  // flock(2) is independent of SQLite's POSIX locks, and readers (the sqlite3 CLI, fencegate
+  // audit) do not take it. This descriptor is closed only after SQLite's connections are: closing
+  // any descriptor of the file drops the process's POSIX locks on it.
+  *db_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (*db_fd < 0) {
+    int e = errno;
+    ::close(fd);
+    *error = "cannot open database " + path + ": " + std::strerror(e);
+    return -1;
+  }
+  if (::flock(*db_fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    ::close(*db_fd);
+    ::close(fd);
+    *db_fd = -1;
+    if (e == EWOULDBLOCK)
+      *error = "database " + path + " is already owned by another fencegate (the database file is locked; was " +
+               lock_path + " deleted?)";
+    else
+      *error = "cannot lock database " + path + ": " + std::strerror(e);
     return -1;
   }
   return fd;
@@ -875,27 +906,32 @@ std::unique_ptr<Store> Store::open(const std::string& given, std::string* error)
     *error = e;
     return nullptr;
   }
-  int fd = take_lock(path, error);
+  int db_fd = -1;
+  int fd = take_lock(path, error, &db_fd);
   if (fd < 0) return nullptr;
+  auto unlock = [&] {
+    ::close(db_fd);
+    ::close(fd);
+  };
   sqlite3* wdb = open_db(path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, error);
   if (!wdb) {
-    ::close(fd);
+    unlock();
     return nullptr;
   }
   if (auto e = prepare_writer(wdb, path); !e.empty()) {
     *error = e;
     sqlite3_close_v2(wdb);
-    ::close(fd);
+    unlock();
     return nullptr;
   }
   sqlite3* rdb = open_db(path, SQLITE_OPEN_READONLY, error);
   if (!rdb) {
     sqlite3_close_v2(wdb);
-    ::close(fd);
+    unlock();
     return nullptr;
   }
-  // From here the store owns fd and both connections.
-  auto store = std::make_unique<OwnedStore>(path, fd, wdb, rdb);
+  // From here the store owns both fds and both connections.
+  auto store = std::make_unique<OwnedStore>(path, fd, db_fd, wdb, rdb);
   if (auto e = store->start(); !e.empty()) {
     *error = e;
     return nullptr;

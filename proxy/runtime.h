@@ -15,6 +15,7 @@
 
 #include "config/config.h"
 #include "config/router.h"
+#include "proxy/log.h"
 
 namespace fencegate::store {
 class Store;
@@ -66,8 +67,17 @@ class Runtime {
   std::uint64_t snapshot_version() const { return snap_version_.load(std::memory_order_acquire); }
 
   // Store health, from the commit observer: false after a failed commit until one succeeds.
+  // Logs each change of health, with SQLite's reason (disk full, I/O error): per-request lines
+  // only say store_error.
   void store_result(bool ok, const std::string& error) {
     std::lock_guard lk(mu_);
+    if (ok != store_ok_) {
+      if (!ok)
+        log::error("store: a commit failed; fenced writes that need the store fail closed (503)",
+                   {log::kv("error", error)});
+      else
+        log::info("store: commits succeed again");
+    }
     store_ok_ = ok;
     if (!ok) store_error_ = error;
   }

@@ -212,6 +212,11 @@ TEST_CASE("one owner at a time; read-only readers work while it runs") {
   CHECK(Store::open(t.db(), &err) == nullptr);
   CHECK(err == "database " + t.db() + " is already owned by another fencegate (lock file " + t.db() +
                    ".lock is held)");
+  // The lock file deleted under a running owner (a cleanup script): the database file itself is
+  // locked as well, so a second owner is still refused.
+  REQUIRE(fs::remove(t.db() + ".lock"));
+  CHECK(Store::open(t.db(), &err) == nullptr);
+  CHECK(err.find("is already owned by another fencegate (the database file is locked") != std::string::npos);
 
   {
     auto ro = Store::open_readonly(t.db(), &err);
