@@ -47,11 +47,14 @@ const char* reason(unsigned s) {
     case 200: return "OK";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 409: return "Conflict";
     case 413: return "Content Too Large";
     case 422: return "Unprocessable Content";
+    case 428: return "Precondition Required";
+    case 500: return "Internal Server Error";
     case 431: return "Request Header Fields Too Large";
     case 503: return "Service Unavailable";
     default: return "Error";
@@ -314,7 +317,20 @@ awaitable<void> AdminSession::run() {
         head_len = s.length;
         break;
       }
-      if (s.status != HeadStatus::incomplete) co_return;  // admin clients get no second chance
+      if (s.status != HeadStatus::incomplete) {  // admin clients get no second chance, but an answer
+        Reply rep = s.status == HeadStatus::too_large
+                        ? problem(431, "header-too-large", "Request header fields too large",
+                                  "admin request heads are limited to 16 KiB")
+                        : problem(400, "bad-request", "Bad request", s.reason);
+        std::string out = "HTTP/1.1 " + std::to_string(rep.status) + " " + reason(rep.status) +
+                          "\r\nContent-Type: " + rep.content_type +
+                          "\r\nContent-Length: " + std::to_string(rep.body.size()) + "\r\nConnection: close\r\n\r\n" +
+                          rep.body;
+        boost::system::error_code ec;
+        co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
+        sock_.shutdown(tcp::socket::shutdown_send, ec);
+        co_return;
+      }
       char tmp[4096];
       boost::system::error_code ec;
       // Bound idle time with a timer that closes the socket.

@@ -65,7 +65,7 @@ constexpr const char* kUsage =
     "                     token)\n"
     "  --follow           print the newest --limit matching rows OLDEST FIRST, then keep printing\n"
     "                     new matching rows as they are committed (polled every 250 ms) until\n"
-    "                     interrupted (SIGINT/SIGTERM, exit 0)\n"
+    "                     interrupted (SIGINT/SIGTERM, exit 0), or until 10 s after --until\n"
     "  --help             this text\n"
     "\n"
     "Times T are RFC 3339 (2026-11-29T10:00:00Z, 2026-11-29T12:00:00.250+02:00) or an age before\n"
@@ -491,7 +491,12 @@ int follow(Store& s, const Options& o) {
   if (backlog.empty() && !o.json)
     std::fputs("fencegate audit: no matching audit rows yet; following\n", stderr);
 
+  // With --until, no row can match once the clock is past it: the decision time is taken when
+  // a request is decided, and its row is committed within moments (10 s of slack covers a
+  // slow batch). Then there is nothing left to follow.
+  const bool bounded = o.query.until_ms > 0;
   while (!g_stop) {
+    const bool last = bounded && now_ms() > o.query.until_ms + 10'000;
     nap(kPollInterval);
     if (g_stop) break;
     std::vector<AuditRecord> fresh;
@@ -520,6 +525,7 @@ int follow(Store& s, const Options& o) {
     }
     for (const auto& r : fresh) out.row(r);
     if (!out.flush()) return kExitOk;
+    if (last) break;
   }
   return kExitOk;
 }

@@ -675,6 +675,10 @@ TEST_CASE("admin: 405 says what is allowed; a fence leader with control characte
   CHECK(r.code() == 400);
   CHECK(body_json(r).value("detail", "").find("control characters") != std::string::npos);
   CHECK(request(admin, "GET", "/v1/resources/ledger").code() == 404);
+  // A head over the admin limit is answered, not reset.
+  auto big = request(admin, "GET", "/v1/audit", {{"X-Big", std::string(20000, 'a')}});
+  INFO(describe(big));
+  CHECK(big.code() == 431);
 }
 
 }  // TEST_SUITE admin_auth

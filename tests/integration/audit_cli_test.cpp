@@ -350,4 +350,14 @@ TEST_CASE("audit --follow on an empty database, in table mode; SIGINT exits 0") 
   CHECK(st->code == 0);
 }
 
+TEST_CASE("audit: --follow with an --until in the past ends by itself") {
+  TempDir t;
+  seed(t.file("fence.db"));
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = audit({"--db", t.file("fence.db"), "--json", "--follow", "--until", "-1m"});
+  INFO(r.err);
+  CHECK(r.code() == 0);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);  // one poll, not forever
+}
+
 }  // TEST_SUITE
