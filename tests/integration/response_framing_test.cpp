@@ -24,6 +24,8 @@ class RawUpstream {
   struct Answer {
     std::string bytes;
     bool close_after = false;
+    std::string late{};  // written late_ms after bytes, unasked (a buggy upstream)
+    int late_ms = 0;
   };
   explicit RawUpstream(std::function<Answer(int n, const std::string& head)> respond) : respond_(std::move(respond)) {
     fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -82,6 +84,10 @@ class RawUpstream {
       buf.erase(0, chunked ? buf.find("0\r\n\r\n", end + 4) + 5 : need);
       Answer a = respond_(count_++, head);
       if (!write_all(c, a.bytes) || a.close_after) return (void)::close(c);
+      if (!a.late.empty()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(a.late_ms));
+        if (!write_all(c, a.late)) return (void)::close(c);
+      }
     }
   }
 
@@ -304,6 +310,41 @@ TEST_CASE("response framing: large bodies stream through in both directions") {
   REQUIRE(r.ok());
   CHECK(r.response.body.size() == big.size());
   CHECK(r.response.body == big);
+}
+
+
+TEST_CASE("response framing: bytes an upstream sends after a response never become another request's answer") {
+  // Each exchange's answer names its own target; after the first one and after a HEAD, the
+  // upstream sends more, unasked and a little later (a second response; a body after HEAD).
+  RawUpstream up([](int n, const std::string& head) {
+    const std::string target = head.substr(head.find(' ') + 1, head.find(' ', head.find(' ') + 1) - head.find(' ') - 1);
+    RawUpstream::Answer a{"HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(target.size()) + "\r\n\r\n" + target};
+    if (head.rfind("HEAD", 0) == 0) a.bytes = "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n";
+    if (n == 0) a.late = "HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nEVIL";
+    if (head.rfind("HEAD", 0) == 0) a.late = "body";
+    a.late_ms = 20;
+    return a;
+  });
+  ProxySpec spec = spec_for(up.url());
+  spec.args = {"--threads", "1"};  // one worker: one pool, so the connection is reused
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  auto first = request(px.port(), "POST", "/first", token(5));
+  REQUIRE(first.code() == 200);
+  CHECK(first.response.body == "/first");
+  std::this_thread::sleep_for(60ms);  // the unasked response is waiting in the pooled connection
+  auto second = request(px.port(), "POST", "/second", token(5));
+  INFO(describe(second));
+  CHECK(second.code() == 200);
+  CHECK(second.response.body == "/second");
+  auto h = request(px.port(), "HEAD", "/h");
+  CHECK(h.code() == 200);
+  std::this_thread::sleep_for(60ms);  // "body" after the HEAD answer is waiting now
+  auto third = request(px.port(), "POST", "/third", token(5));
+  INFO(describe(third));
+  CHECK(third.code() == 200);
+  CHECK(third.response.body == "/third");
 }
 
 }  // namespace fencegate::testing
