@@ -808,9 +808,15 @@ void validate(Config& c, std::vector<std::string>& errors) {
     errors.push_back("admin.listen: binding the admin API to a non-loopback address (" +
                      c.admin.listen.host + ") requires admin.token_file");
   }
+  auto wildcard = [](const std::string& h) { return h == "0.0.0.0" || h == "::" || h == "[::]"; };
   if (!c.listen.host.empty() && c.listen.port != 0 && c.admin.listen.port == c.listen.port &&
-      lower(c.admin.listen.host) == lower(c.listen.host)) {
-    errors.push_back("admin.listen: must differ from listen (both are " + quote(c.listen.to_string()) + ")");
+      (lower(c.admin.listen.host) == lower(c.listen.host) || wildcard(c.listen.host) || wildcard(c.admin.listen.host))) {
+    if (lower(c.admin.listen.host) == lower(c.listen.host))
+      errors.push_back("admin.listen: must differ from listen (both are " + quote(c.listen.to_string()) + ")");
+    else
+      errors.push_back("admin.listen: must differ from listen (" + quote(c.admin.listen.to_string()) + " and " +
+                       quote(c.listen.to_string()) + ": a wildcard address takes port " + std::to_string(c.listen.port) +
+                       " on every address)");
   }
   if (c.db.empty()) errors.push_back("db: must not be empty");
   if (c.threads == 0) c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -876,15 +882,29 @@ void validate(Config& c, std::vector<std::string>& errors) {
   // name it, a token valid on one route advances the fence past the other election's leader: a
   // forged 2^63-1 through a plain route locks an election's resource for good. (Off routes
   // never touch the fence: their resource name is unused.)
-  auto authority_of = [](const Route& r) { return r.authority ? "election " + quote(r.authority->election) : std::string("no election"); };
+  auto authority_of = [](const Route& r) {
+    if (!r.authority) return std::string("no election");
+    std::string etcd;
+    for (const auto& e : r.authority->etcd) etcd += (etcd.empty() ? "" : ",") + e;
+    return "election " + quote(r.authority->election) + " at " + etcd;
+  };
   for (std::size_t j = 0; j < c.routes.size(); ++j) {
     const Route& rj = c.routes[j];
     if (rj.mode == Mode::off || !check_route_template(rj).empty()) continue;
     for (std::size_t i = 0; i < j; ++i) {
       const Route& ri = c.routes[i];
       if (ri.mode == Mode::off || !check_route_template(ri).empty()) continue;
-      const bool same_authority = ri.authority ? (rj.authority && ri.authority->id() == rj.authority->id()) : !rj.authority;
+      // The same election through the same endpoints is one authority, whatever the order of the
+      // endpoints or the grace.
+      auto endpoints = [](const Route& r) { return std::set<std::string>(r.authority->etcd.begin(), r.authority->etcd.end()); };
+      const bool same_authority =
+          ri.authority ? (rj.authority && ri.authority->election == rj.authority->election && endpoints(ri) == endpoints(rj))
+                       : !rj.authority;
       if ((ri.mode == rj.mode && same_authority) || !resource_templates_overlap(ri.resource, rj.resource)) continue;
+      // "/tenants/{t}/" -> "tenant-{t}" beside "/tenants/acme/" -> "tenant-acme": every path that
+      // would give the template route that name goes to the literal one (one tenant migrated to
+      // enforce, or to its own election, ahead of the others).
+      if (literal_route_takes_resource(ri, rj) || literal_route_takes_resource(rj, ri)) continue;
       const std::string both = "its resource " + quote(rj.resource) + " can be the resource " + quote(ri.resource) +
                                " of routes[" + std::to_string(i) + "] (" + quote(ri.prefix) + ")";
       if (ri.mode != rj.mode)

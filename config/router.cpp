@@ -1,6 +1,7 @@
 #include "config/router.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -120,6 +121,46 @@ struct Capture {
 };
 
 }  // namespace
+
+bool literal_route_takes_resource(const Route& tmpl, const Route& lit) {
+  // lit: no captures at all. tmpl: captures in its prefix, every one of them used in its
+  // resource (else other paths give the same name), so a resource name tells the capture values.
+  if (lit.prefix.find('{') != std::string::npos || lit.resource.find('{') != std::string::npos) return false;
+  std::vector<Part> parts;
+  if (!parse_prefix(tmpl.prefix, parts).empty()) return false;
+  // Match lit's prefix against tmpl's: literals equal, each capture one segment.
+  std::map<std::string, std::string> values;
+  std::string_view rest = lit.prefix;
+  for (const Part& p : parts) {
+    if (!p.capture) {
+      if (rest.substr(0, p.text.size()) != p.text) return false;
+      rest.remove_prefix(p.text.size());
+      continue;
+    }
+    const std::size_t end = std::min(rest.find('/'), rest.size());
+    if (end == 0) return false;
+    values[p.text] = std::string(rest.substr(0, end));
+    rest.remove_prefix(end);
+  }
+  if (!rest.empty() || values.empty()) return false;
+  std::string name;
+  std::set<std::string> used;
+  for (std::size_t i = 0; i < tmpl.resource.size(); ++i) {
+    if (tmpl.resource[i] != '{') {
+      name += tmpl.resource[i];
+      continue;
+    }
+    const std::size_t close = tmpl.resource.find('}', i);
+    if (close == std::string::npos) return false;
+    const std::string cap = tmpl.resource.substr(i + 1, close - i - 1);
+    auto it = values.find(cap);
+    if (it == values.end()) return false;
+    name += it->second;
+    used.insert(cap);
+    i = close;
+  }
+  return used.size() == values.size() && name == lit.resource;
+}
 
 bool resource_templates_overlap(std::string_view a, std::string_view b) {
   // Each template is a sequence of items: a literal character, or a capture (one or more

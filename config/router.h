@@ -64,4 +64,10 @@ std::string check_route_template(const Route& r);
 // can name the same resource: "tenant-{t}" and "tenant-acme" can, "a-{t}" and "b-{t}" cannot.
 bool resource_templates_overlap(std::string_view a, std::string_view b);
 
+// Whether `lit` (a route without captures) takes every path through which `tmpl` could name
+// lit's resource: tmpl's prefix with the capture values that make lit's resource is lit's prefix
+// exactly, and tmpl's resource uses all its captures. Then routing never lets tmpl produce that
+// name ("/tenants/{t}/" -> "tenant-{t}" next to "/tenants/acme/" -> "tenant-acme").
+bool literal_route_takes_resource(const Route& tmpl, const Route& lit);
+
 }  // namespace fencegate::config

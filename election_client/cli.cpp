@@ -16,6 +16,7 @@
 #include "election_client/cli.h"
 
 #include <signal.h>
+#include <dirent.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/types.h>
@@ -228,13 +229,34 @@ int exit_code_of(int wstatus) {
   return 1;
 }
 
-// Marks every descriptor from 3 on close-on-exec (async-signal-safe): the command must not
-// inherit elect's etcd connections, nor a guardian its parent's.
+// Descriptors from 3 on that elect itself was started with (`3<file`, `<(...)`, socket
+// activation): they are the user's, for the command. Taken at start, before elect opens any.
+std::vector<int>& inherited_fds() {
+  static std::vector<int> fds;
+  return fds;
+}
+
+void note_inherited_fds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return;
+  const int own = dirfd(d);
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end && *end == '\0' && e->d_name[0] != '\0' && fd >= 3 && fd != own) inherited_fds().push_back(static_cast<int>(fd));
+  }
+  closedir(d);
+}
+
+// Marks every descriptor from 3 on close-on-exec, but those elect was given (async-signal-safe):
+// the command must not inherit elect's etcd connections.
 void cloexec_from_3() {
-  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
-  struct rlimit rl {};
-  const rlim_t top = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 65536;
-  for (rlim_t fd = 3; fd < std::min<rlim_t>(top, 1 << 20); ++fd) fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+    struct rlimit rl {};
+    const rlim_t top = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 65536;
+    for (rlim_t fd = 3; fd < std::min<rlim_t>(top, 1 << 20); ++fd) fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  }
+  for (int fd : inherited_fds()) fcntl(fd, F_SETFD, 0);
 }
 
 // The guardian of one command: a small process that outlives elect. The parent-death signal
@@ -776,6 +798,7 @@ int Elect::run() {
 }  // namespace
 
 int run_elect(const std::vector<std::string>& args) {
+  note_inherited_fds();
   ElectFlags f;
   FlagReader r{args, 0, {}};
   std::string etcd, level = "info", token_file;

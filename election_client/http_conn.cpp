@@ -149,7 +149,9 @@ struct HttpConnection::Impl {
   http::request<http::string_body> make_request(std::string_view target, std::string_view body,
                                                 const HttpHeaders& headers) {
     http::request<http::string_body> req{http::verb::post, target, 11};
-    req.set(http::field::host, ep().host + ":" + std::to_string(ep().port));
+    // An IPv6 literal goes in brackets (RFC 9110 7.2): "::1:9901" is no host[:port].
+    const std::string& h = ep().host;
+    req.set(http::field::host, (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + std::to_string(ep().port));
     req.set(http::field::content_type, "application/json");
     req.set(http::field::user_agent, "fencegate-election");
     for (const auto& [k, v] : headers) req.set(k, v);

@@ -33,7 +33,9 @@ struct HttpUrl {
   std::string host;
   std::uint16_t port = 80;
   std::string path;  // "" or starting with '/', without query
-  std::string origin() const { return "http://" + host + ":" + std::to_string(port); }
+  std::string origin() const {
+    return "http://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  }
 };
 // Returns true iff `s` is an http URL; fills *out, or *err with what is wrong.
 bool parse_http_url(std::string_view s, HttpUrl* out, std::string* err);

@@ -161,7 +161,12 @@ bool loopback_host_ok(std::string_view host) {
     return !ec;
   }
   if (const std::size_t colon = name.rfind(':'); colon != std::string_view::npos) name = name.substr(0, colon);
-  if (iequals(name, "localhost")) return true;
+  if (!name.empty() && name.back() == '.') name.remove_suffix(1);  // "localhost." is fully qualified
+  // Names that resolve to loopback only (RFC 6761 reserves "localhost" and its subdomains;
+  // Debian's /etc/hosts has the ip6- ones): no rebinding page can be served under them.
+  if (iequals(name, "localhost") || iequals(name, "ip6-localhost") || iequals(name, "ip6-loopback") ||
+      (name.size() > 10 && iequals(name.substr(name.size() - 10), ".localhost")))
+    return true;
   boost::system::error_code ec;
   net::ip::make_address_v4(std::string(name), ec);
   return !ec;

@@ -302,7 +302,16 @@ TEST_CASE("routes that can name one resource must agree on its mode and authorit
                               "\"t-{t}\" of routes[0] (\"/t/{t}/\"), fenced under election \"billing\""));
   r = two(R"({"prefix": "/t/{name}/", "upstream": "http://h:1", "resource": "{name}", )" + billing + "}",
           R"({"prefix": "/ledger/", "upstream": "http://h:1", "resource": "ledger", "authority": {"etcd": ["http://127.0.0.1:2379"], "election": "payroll"}})");
-  CHECK(has_error_starting(r, "routes[1].authority: election \"payroll\", but"));
+  CHECK(has_error_starting(r, "routes[1].authority: election \"payroll\" at http://127.0.0.1:2379, but"));
+  // One tenant ahead of the others, but through a longer prefix: /tenants/acme/other still goes
+  // to the template route and is named tenant-acme there.
+  r = two(R"({"prefix": "/tenants/{tenant}/", "upstream": "http://h:1", "mode": "observe", "resource": "tenant-{tenant}"})",
+          R"({"prefix": "/tenants/acme/orders/", "upstream": "http://h:1", "resource": "tenant-acme"})");
+  CHECK(has_error_starting(r, "routes[1].mode: enforce"));
+  // A template route that does not use all its captures names one resource from many paths.
+  r = two(R"({"prefix": "/t/{a}/{b}/", "upstream": "http://h:1", "mode": "observe", "resource": "t-{a}"})",
+          R"({"prefix": "/t/x/y/", "upstream": "http://h:1", "resource": "t-x"})");
+  CHECK(has_error_starting(r, "routes[1].mode: enforce"));
   // Disjoint names, an off route, or the same mode and authority: fine.
   for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{
            {R"({"prefix": "/a/", "upstream": "http://h:1", "resource": "ledger"})",
@@ -314,6 +323,15 @@ TEST_CASE("routes that can name one resource must agree on its mode and authorit
            {R"({"prefix": "/a/", "upstream": "http://h:1"})", R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "off"})"},
            {R"({"prefix": "/a/", "upstream": "http://h:1", "mode": "observe"})",
             R"({"prefix": "/b/", "upstream": "http://h:1", "mode": "observe"})"},
+           // One tenant migrated to enforce ahead of the others: every /tenants/acme path goes to
+           // the literal route, so the template route never names tenant-acme.
+           {R"({"prefix": "/tenants/{tenant}/", "upstream": "http://h:1", "mode": "observe", "resource": "tenant-{tenant}"})",
+            R"({"prefix": "/tenants/acme/", "upstream": "http://h:1", "resource": "tenant-acme"})"},
+           {R"({"prefix": "/tenants/acme/", "upstream": "http://h:1", "resource": "tenant-acme", )" + billing + "}",
+            R"({"prefix": "/tenants/{tenant}/", "upstream": "http://h:1", "resource": "tenant-{tenant}"})"},
+           // The same election: endpoint order and grace_ms do not make another authority.
+           {R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}", "authority": {"etcd": ["http://a:1", "http://b:1"], "election": "e", "grace_ms": 500}})",
+            R"({"prefix": "/v2/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}", "authority": {"etcd": ["http://b:1", "http://a:1"], "election": "e"}})"},
            {R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}", )" + billing + "}",
             R"({"prefix": "/v2/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}", )" + billing + "}"},
            {R"({"prefix": "/t/{t}/", "upstream": "http://h:1", "resource": "t-{t}", )" + billing + "}",
@@ -327,6 +345,9 @@ TEST_CASE("admin.listen may not be the data listener's address") {
   auto r = load_json(R"({"listen": "127.0.0.1:8080", "admin": {"listen": "127.0.0.1:8080"},
                          "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
   CHECK(has_error(r, "admin.listen: must differ from listen (both are \"127.0.0.1:8080\")"));
+  r = load_json(R"({"listen": "0.0.0.0:8080", "admin": {"listen": "127.0.0.1:8080"},
+                    "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  CHECK(has_error_starting(r, "admin.listen: must differ from listen"));  // the wildcard takes the port
   auto ok = load_json(R"({"listen": "127.0.0.1:0", "admin": {"listen": "127.0.0.1:0"},
                           "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
   CHECK_MESSAGE(ok.config, joined(ok.errors));  // two free ports, picked apart

@@ -647,7 +647,7 @@ TEST_CASE("admin: requests from web pages are refused (cross-site POST, DNS rebi
   CHECK(request(admin, "GET", "/v1/audit", {{"Host", "evil.example:" + p}}).code() == 403);
   CHECK(request(admin, "GET", "/metrics", {{"Host", "127.0.0.1.evil.example"}}).code() == 403);
   for (const std::string& host : {"127.0.0.1:" + p, "localhost:" + p, std::string("LOCALHOST"), "[::1]:" + p,
-                                  std::string("127.0.0.1")}) {
+                                  std::string("127.0.0.1"), "localhost.:" + p, std::string("ip6-localhost")}) {
     INFO(host);
     CHECK(request(admin, "GET", "/v1/audit", {{"Host", host}}).code() == 200);
   }
