@@ -1918,7 +1918,13 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     if (marks.generation) append_field(sc_->out, "Fencing-Generation", Decimal(static_cast<std::uint64_t>(*marks.generation)));
     if (!marks.observe.empty()) append_field(sc_->out, "Fencing-Observe", marks.observe);
     if (body == Body::length) append_field(sc_->out, "Content-Length", Decimal(body_len));
-    if (chunk_out) append_field(sc_->out, "Transfer-Encoding", body == Body::chunked ? std::string_view(te_value) : "chunked");
+    // A close-delimited body under another coding (Transfer-Encoding: gzip) keeps its label, with
+    // our chunked framing last: without it the client would take gzip bytes for the content.
+    if (chunk_out) {
+      if (body == Body::until_close && !te_value.empty()) te_value += ", chunked";
+      append_field(sc_->out, "Transfer-Encoding", body == Body::until_close && te_value.empty() ? std::string_view("chunked")
+                                                                                                : std::string_view(te_value));
+    }
     if (!keep) sc_->out += "Connection: close\r\n";
     else if (version == 10) sc_->out += "Connection: keep-alive\r\n";
     sc_->out += "\r\n";

@@ -132,6 +132,20 @@ TEST_CASE("response framing: chunked with extensions and trailers reaches a 1.1 
   CHECK(up.connections() == 1);
 }
 
+TEST_CASE("response framing: a close-delimited body under another transfer coding keeps its label") {
+  RawUpstream up([](int, const std::string&) {
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nnot-really-gzip", true};
+  });
+  Proxy px(spec_for(up.url()));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  auto r = request(px.port(), "GET", "/g");
+  INFO(describe(r));
+  REQUIRE(r.ok());
+  CHECK(r.response.header("Transfer-Encoding") == "gzip, chunked");  // not just "chunked"
+  CHECK(r.response.body == "not-really-gzip");
+}
+
 TEST_CASE("response framing: a close-delimited body is chunked for 1.1 clients and closes for 1.0") {
   RawUpstream up([](int, const std::string&) {
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n" + std::string(40000, 'z'),
