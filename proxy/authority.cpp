@@ -432,8 +432,18 @@ void Authorities::advance(const config::Authority& a, std::int64_t g, const std:
   const std::string lead = leader.substr(0, snap->cfg->max_leader_bytes);
   std::vector<ResourceView> held;
   bool have_held = false;
-  // No route of another election (or of none) can name these resources: config validation
-  // refuses such overlaps, so a held resource matching this route's template is this election's.
+  // A held resource that another route (another election's, or one with none) may also name is
+  // not this election's to advance. Config validation refuses such overlaps but one: a literal
+  // route that takes every path of one of the template's names ("/tenants/acme/" ->
+  // "tenant-acme" beside "/tenants/{t}/" -> "tenant-{t}"), so that tenant is the literal route's.
+  auto claimed_elsewhere = [&](const std::string& name) {
+    for (const auto& o : snap->cfg->routes) {
+      if (o.mode == config::Mode::off || (o.authority && *o.authority == a)) continue;
+      if (o.resource.find('{') == std::string::npos ? o.resource == name : resource_matches_template(o.resource, name))
+        return true;
+    }
+    return false;
+  };
   for (const auto& r : snap->cfg->routes) {
     if (!r.authority || !(*r.authority == a) || r.mode == config::Mode::off) continue;
     std::vector<std::string> resources;
@@ -445,7 +455,7 @@ void Authorities::advance(const config::Authority& a, std::int64_t g, const std:
         have_held = true;
       }
       for (const auto& v : held)
-        if (resource_matches_template(r.resource, v.name)) resources.push_back(v.name);
+        if (resource_matches_template(r.resource, v.name) && !claimed_elsewhere(v.name)) resources.push_back(v.name);
     }
     for (const auto& res : resources) {
       // Fire and forget: the decision arrives on the store or timer thread; the node lives until

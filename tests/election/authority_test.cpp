@@ -223,7 +223,37 @@ TEST_CASE("authority: a new leader is fenced in before it writes; candidates, fo
 
 // Routes of different elections (or of none) that can name one resource are refused by config
 // validation (tests/config: "routes that can name one resource must agree on its mode and
-// authority"), so an advance never reaches another election's resource.
+// authority"), but for a literal route that takes all of one of a template's names.
+TEST_CASE("authority: a new leader's advance leaves a tenant that a literal route takes alone") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream upstream;
+  // tenant-acme is the literal route's (no election): billing's leaders must not advance it.
+  AuthProxy proxy(json::array(
+      {{{"prefix", "/tenants/{tenant}/"}, {"upstream", upstream.url()}, {"resource", "tenant-{tenant}"},
+        {"authority", {{"etcd", {etcd.url()}}, {"election", "billing"}}}},
+       {{"prefix", "/tenants/acme/"}, {"upstream", upstream.url()}, {"resource", "tenant-acme"}}}));
+  INFO(proxy.log());
+  REQUIRE(proxy.start());
+  auto write = [&](const std::string& tenant, std::int64_t g) {
+    return request(proxy.port(), "POST", "/tenants/" + tenant + "/x", {{"Fencing-Token", std::to_string(g)}}, "{}", 10s);
+  };
+  CHECK(write("acme", 1).code() == 200);  // a plain fence: generation 1
+  Client c(client_options(etcd));
+  LeaseGrant l1, l2;
+  REQUIRE(c.grant(10, &l1).ok());
+  REQUIRE(c.grant(10, &l2).ok());
+  LeaderKey b1, b2;
+  REQUIRE(c.campaign("billing", l1.id, "bill-1", &b1).ok());
+  REQUIRE(eventually([&] { return write("globex", b1.rev).code() == 200; }, 10s));
+  REQUIRE(c.resign(b1, 3s).ok());
+  REQUIRE(c.campaign("billing", l2.id, "bill-2", &b2).ok());
+  CHECK(eventually([&] { return proxy.generation("tenant-globex") == b2.rev; }, 10s));  // advanced ahead
+  CHECK(proxy.generation("tenant-acme") == 1);  // left alone
+  CHECK(write("acme", 1).code() == 200);
+  proxy.stop();
+}
 
 TEST_CASE("authority: observe mode marks what enforce would reject and never advances to a forged token") {
   FG_REQUIRE_ETCD();
