@@ -644,7 +644,16 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   // A resource bound to an election authority only advances to its current leader's generation:
   // the barrier must not become a way around the authority (a forged or stale token).
   if (rt.authorities) {
+    // A route that names this resource literally owns it (it may sit beside a template route
+    // of another election that takes every other tenant): then its authority alone decides.
+    const config::Route* owner = nullptr;
+    for (const auto& route : cfg.routes)
+      if (route.mode != config::Mode::off && route.resource == resource) {
+        owner = &route;
+        break;
+      }
     for (const auto& route : cfg.routes) {
+      if (owner && &route != owner) continue;
       Authority* au = rt.authorities->for_route(route);
       if (!au || !resource_matches_template(route.resource, resource)) continue;
       AuthorityCheck ac = au->confirm(g);  // a refusal is confirmed with etcd first

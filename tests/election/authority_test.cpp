@@ -252,6 +252,12 @@ TEST_CASE("authority: a new leader's advance leaves a tenant that a literal rout
   CHECK(eventually([&] { return proxy.generation("tenant-globex") == b2.rev; }, 10s));  // advanced ahead
   CHECK(proxy.generation("tenant-acme") == 1);  // left alone
   CHECK(write("acme", 1).code() == 200);
+  // Its own barrier is not billing's to refuse either.
+  auto f = request(proxy.admin_port(), "POST", "/v1/resources/tenant-acme/fence", {{"Content-Type", "application/json"}},
+                   R"({"generation": 2})", 10s);
+  INFO(describe(f));
+  CHECK(f.code() == 200);
+  CHECK(proxy.generation("tenant-acme") == 2);
   proxy.stop();
 }
 
