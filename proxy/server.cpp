@@ -1987,6 +1987,17 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
           used = total = avail.size();
         } else {
           used = decode_into(dec, avail, gather, &total);
+          if (dec.failed() && !head_sent) {
+            // Nothing has reached the client yet: it gets a 502, not a cut connection.
+            waiting_up_ = nullptr;
+            ex->release();
+            count(resource, Outcome::upstream_error);
+            log::warn("upstream response body failed", {log::kv("upstream", route.upstream),
+                                                         log::kv("error", std::string("bad chunked framing: ") + dec.error())});
+            sc_->problem = Problem{502, "upstream-error", "Bad gateway",
+                                   "upstream " + route.upstream + ": bad chunked framing: " + dec.error()};
+            co_return co_await reply(sc_->problem, false, version, marks);
+          }
           if (dec.failed()) co_return body_failed(std::string("bad chunked framing: ") + dec.error());
         }
         const bool done = body == Body::chunked ? dec.done() : eof;

@@ -298,15 +298,25 @@ TEST_CASE("response framing: malformed or conflicting upstream framing is a 502,
   CHECK(r.response.headers_named("Content-Length").size() == 1);
 }
 
-TEST_CASE("response framing: a broken chunked body cuts the client connection, never a short 200 that looks whole") {
-  RawUpstream up([](int, const std::string&) {
-    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n", true};
+TEST_CASE("response framing: a broken chunked body is a 502 if nothing was sent yet, else a cut, never a short 200") {
+  RawUpstream up([](int, const std::string& head) {
+    // /early: the bad chunk line arrives with the head; /late: after a good chunk went out.
+    if (head.find(" /early ") != std::string::npos)
+      return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", true};
+    RawUpstream::Answer a{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"};
+    a.late = "zz\r\n";
+    a.late_ms = 100;
+    return a;
   });
   Proxy px(spec_for(up.url()));
   FG_LOG_ON_FAILURE(px);
   FG_START(px);
-  auto r = request(px.port(), "GET", "/x");
-  CHECK_FALSE(r.ok());  // the client sees the body end without its last chunk
+  auto early = request(px.port(), "GET", "/early");
+  INFO(describe(early));
+  REQUIRE(early.ok());
+  CHECK(early.code() == 502);
+  auto late = request(px.port(), "GET", "/late");
+  CHECK_FALSE(late.ok());  // the client sees the body end without its last chunk
 }
 
 TEST_CASE("response framing: large bodies stream through in both directions") {
