@@ -409,6 +409,7 @@ struct Exchange : std::enable_shared_from_this<Exchange> {
   void release() { fence.release(&node); }
   Fence& fence;
   net::io_context* ioc = nullptr;  // of the session, for node.abort
+  Socket* client = nullptr;         // the session's client socket, woken by node.abort
   InflightNode node;
   std::unique_ptr<UpConn> up;
   bool aborted = false;  // by a newer generation's drain timeout
@@ -1439,6 +1440,7 @@ task<bool> Session::handle(std::size_t head_len) {
         // soon as it is. It captures a plain pointer (no allocation); the Exchange outlives any
         // call, since its destructor unlinks the node under the lock the fence calls it under.
         ex->ioc = &w_.ioc;
+        ex->client = &client_;
         ex->node.abort = [e = ex.get()] {
           net::post(*e->ioc, [weak = e->weak_from_this()] {
             if (auto e = weak.lock()) {
@@ -1447,7 +1449,16 @@ task<bool> Session::handle(std::size_t head_len) {
                 boost::system::error_code ec;
                 e->up->sock.shutdown(tcp::socket::shutdown_both, ec);
                 e->up->sock.close(ec);
+                // Nothing more of this exchange can reach the upstream now, so the newer
+                // generation goes on at once rather than when this session next wakes (its
+                // client may stall a body or not read the response for body_timeout). And the
+                // session is woken: a client read or write it waits in ends, and its client
+                // gets the 504 of an aborted exchange rather than a 408 later.
+                e->release();
+                e->client->cancel(ec);
               }
+              // (Without an upstream connection the session holds none yet: it sees `aborted`
+              // before it connects or sends, and releases then.)
             }
           });
         };
@@ -1673,7 +1684,11 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   auto client_body_failed = [&](const char* why, bool too_large) -> task<bool> {
     waiting_up_ = nullptr;
     ex->release();
-    if (too_large) {
+    if (ex->aborted) {  // woken by a newer generation's drain timeout (see node.abort)
+      sc_->problem = Problem{504, "upstream-timeout", "Gateway timeout",
+                             "a newer generation's drain timed out; this exchange was aborted"};
+      co_await reply(sc_->problem, false, version, marks);
+    } else if (too_large) {
       sc_->problem = Problem{413, "body-too-large", "Content too large",
                              "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"};
       co_await reply(sc_->problem, false, version, marks);

@@ -206,6 +206,33 @@ TEST_CASE("ordering: drain timeout: the hung older exchange is aborted with 504,
   CHECK(ms_between(reqs[0].completion, reqs[1].arrival) >= -100);
 }
 
+TEST_CASE("ordering: drain timeout: an older write stalled on its own client does not hold the newer one past it") {
+  RecordingUpstream up;
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.args = {"--drain-timeout-ms", "500", "--body-timeout-ms", "8000"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  // Generation 1's client sends its head and part of its body, then stalls (a paused process).
+  HttpClient old_client;
+  REQUIRE(old_client.connect(px.port()));
+  REQUIRE(old_client.send("POST /gen1 HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 1\r\nContent-Length: 100\r\n\r\n" +
+                          std::string(10, 'x')));
+  std::this_thread::sleep_for(300ms);  // forwarded: head and the 10 bytes are upstream
+  const auto t0 = Clock::now();
+  auto n = timed_request(px.port(), "POST", "/gen2", token(2));
+  INFO("gen2: ", describe(n.result));
+  CHECK(is_2xx(n.result));
+  // The drain timeout bounds the wait, not the stalled client's body timeout (8 s).
+  CHECK(n.elapsed < 3s);
+  auto o = old_client.read_response(3s);
+  INFO("gen1: ", describe(o));
+  REQUIRE(o.ok());
+  CHECK(o.response.status == 504);  // an aborted exchange, not a 408 after the body timeout
+  CHECK(ms_between(t0, Clock::now()) < 4000);
+}
+
 // A write that waited for its generation's durable commit reads the upstream's answer both
 // through the reactor and by a poll at every other request's start on its worker (one worker
 // here, with load on another resource, so both paths run). However that answer ends, the client
