@@ -373,9 +373,9 @@ class OwnedStore final : public Store {
     ::close(lock_fd_);
   }
 
-  std::vector<ResourceState> load_all() override {
+  std::vector<ResourceState> load_all(Status* status) override {
     std::lock_guard lk(read_mu_);
-    return reader_->load_all(nullptr);
+    return reader_->load_all(status);
   }
 
   void advance(std::string resource, std::int64_t generation, std::string leader, Done done) override {
@@ -537,7 +537,7 @@ class OwnedStore final : public Store {
     }
     if (obs) {
       try {
-        (*obs)(seconds, batch.size(), s.ok());
+        (*obs)(seconds, batch.size(), s);
       } catch (...) {
         // An observer must not kill the store thread either.
       }
@@ -726,9 +726,9 @@ class ReadOnlyStore final : public Store {
  public:
   ReadOnlyStore(std::string path, sqlite3* db) : path_(std::move(path)), reader_(db) {}
 
-  std::vector<ResourceState> load_all() override {
+  std::vector<ResourceState> load_all(Status* status) override {
     std::lock_guard lk(mu_);
-    return reader_.load_all(nullptr);
+    return reader_.load_all(status);
   }
   void advance(std::string, std::int64_t, std::string, Done done) override { refuse(done); }
   void append_audit(AuditRow, Done done) override { refuse(done); }

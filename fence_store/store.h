@@ -105,8 +105,9 @@ class Store {
 
   virtual ~Store() = default;  // stops the thread after committing what was queued
 
-  // Every resource with its state, as of now (reads the database).
-  virtual std::vector<ResourceState> load_all() = 0;
+  // Every resource with its state, as of now (reads the database). A read that fails part way
+  // (a corrupt page) sets *status: the rows before it are no picture of the fence.
+  virtual std::vector<ResourceState> load_all(Status* status = nullptr) = 0;
 
   // Durably sets generation(resource) = max(stored, generation) with advanced_at/by updated when it
   // rises; never lowers it. `done` runs on the store thread after the commit (or its failure).
@@ -141,10 +142,10 @@ class Store {
 
   // Called on the store thread after each batch's transaction, before the batch's completions,
   // with the seconds the transaction took (BEGIN to COMMIT, including the fsync), the number of
-  // items in the batch and whether it committed. Prune transactions are not reported. Must be
-  // quick and must not call into the Store. An empty function removes the observer. No-op on a
-  // read-only store.
-  using CommitObserver = std::function<void(double seconds, std::size_t items, bool ok)>;
+  // items in the batch and how it ended (OK, or the error with SQLite's reason). Prune
+  // transactions are not reported. Must be quick and must not call into the Store. An empty
+  // function removes the observer. No-op on a read-only store.
+  using CommitObserver = std::function<void(double seconds, std::size_t items, const Status& result)>;
   virtual void set_commit_observer(CommitObserver observer) = 0;
 
   // Number of items waiting for the store thread (queued or in the batch being committed; an item

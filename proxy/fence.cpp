@@ -57,10 +57,17 @@ Fence::~Fence() {
 
 bool Fence::load(std::string* error) {
   std::vector<store::ResourceState> all;
+  store::Status st = store::Status::OK();
   try {
-    all = store_.load_all();
+    all = store_.load_all(&st);
   } catch (const std::exception& e) {
     if (error) *error = e.what();
+    return false;
+  }
+  // A read that stopped part way (a corrupt page) would leave resources out, and a resource left
+  // out starts at generation 0: tokens below its stored generation would be let through.
+  if (!st.ok()) {
+    if (error) *error = "reading the stored generations failed part way: " + st.message();
     return false;
   }
   std::lock_guard lk(map_mu_);

@@ -1,5 +1,6 @@
 // Logging: one JSON object per line on stderr, with ts, level, msg and fields.
-// Thread-safe (one write(2) per line).
+// Thread-safe; never blocks the caller on a slow reader (see log.cpp: lines may be queued, and
+// beyond 4 MiB queued dropped and counted).
 #pragma once
 
 #include <initializer_list>

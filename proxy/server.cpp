@@ -2146,10 +2146,10 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   Authorities authorities(rt);
   authorities.start(*cfg);
   fence->set_drain_observer([&metrics](double s) { metrics.drain_wait.observe(s); });
-  store->set_commit_observer([&metrics, &rt](double s, std::size_t, bool ok) {
+  store->set_commit_observer([&metrics, &rt](double s, std::size_t, const store::Status& result) {
     metrics.store_commit.observe(s);
-    if (!ok) metrics.store_commit_failures.fetch_add(1, std::memory_order_relaxed);
-    rt.store_result(ok, ok ? std::string() : "the last store commit failed");
+    if (!result.ok()) metrics.store_commit_failures.fetch_add(1, std::memory_order_relaxed);
+    rt.store_result(result.ok(), result.ok() ? std::string() : "the last store commit failed: " + result.message());
   });
   ServerState st(rt);
   st.authorities = &authorities;

@@ -791,9 +791,9 @@ TEST_CASE("commit observer: one call per batch with its size, duration and outco
   std::mutex mu;
   std::vector<Call> calls;
   std::thread::id observer_thread;
-  s->set_commit_observer([&](double seconds, std::size_t items, bool ok) {
+  s->set_commit_observer([&](double seconds, std::size_t items, const Status& result) {
     std::lock_guard lk(mu);
-    calls.push_back({seconds, items, ok});
+    calls.push_back({seconds, items, result.ok()});
     observer_thread = std::this_thread::get_id();
   });
   auto snapshot = [&] {
@@ -842,7 +842,7 @@ TEST_CASE("commit observer: one call per batch with its size, duration and outco
   CHECK(c[3].items == 1);
 
   // A throwing observer does not hurt the store; an empty one removes it.
-  s->set_commit_observer([](double, std::size_t, bool) { throw std::runtime_error("observer"); });
+  s->set_commit_observer([](double, std::size_t, const Status&) { throw std::runtime_error("observer"); });
   CHECK(advance_sync(*s, "r", 3, "L").ok());
   s->set_commit_observer({});
   CHECK(advance_sync(*s, "r", 4, "L").ok());
@@ -853,7 +853,7 @@ TEST_CASE("commit observer: one call per batch with its size, duration and outco
   std::string err;
   auto ro = Store::open_readonly(t.db(), &err);
   REQUIRE(ro != nullptr);
-  ro->set_commit_observer([](double, std::size_t, bool) {});
+  ro->set_commit_observer([](double, std::size_t, const Status&) {});
   ro->set_retention(1, 1);
   CHECK(all_audit(*ro).size() == 10);
 }
@@ -970,4 +970,39 @@ TEST_CASE("kill -9 at a random point loses nothing that was reported OK") {
                      << " audit rows reported OK before kill");
   }
   CHECK(total_ok > 0);
+}
+
+TEST_CASE("a resources table that cannot be read to the end is an error, never a shorter list") {
+  TempDir t;
+  {
+    auto s = must_open(t.db());
+    for (int i = 0; i < 2000; ++i) {
+      std::string name = "r" + std::to_string(i) + std::string(150, 'x');
+      s->advance(name, 100, "L", nullptr);
+    }
+    REQUIRE(advance_sync(*s, "last", 100, "L").ok());
+    std::vector<ResourceState> all = s->load_all();
+    REQUIRE(all.size() == 2001);
+  }  // closed: checkpointed into the database file
+  // One page in the middle of the file zeroed (a bad sector, a torn copy).
+  const auto size = fs::file_size(t.db());
+  REQUIRE(size > 64u * 4096);
+  {
+    std::fstream f(t.db(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>((size / 4096 / 2) * 4096));
+    const std::string zeros(4096, '\0');
+    f.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+  }
+  std::string err;
+  auto s = Store::open(t.db(), &err);
+  if (!s) {
+    MESSAGE("open refused: ", err);
+    CHECK_FALSE(err.empty());
+    return;
+  }
+  Status st = Status::OK();
+  auto all = s->load_all(&st);
+  INFO("rows read: ", all.size());
+  CHECK_FALSE(st.ok());  // the fence must not start from the rows before the bad page
+  CHECK(st.message().find("malformed") != std::string::npos);
 }

@@ -5,6 +5,9 @@
 #include <regex>
 #include <set>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include "tests/integration/ops_harness.h"
 
 using namespace fencegate::testing;
@@ -907,6 +910,40 @@ TEST_CASE("admin: an unknown audit decision filter is a 400 naming the known one
 }  // TEST_SUITE admin_audit
 
 TEST_SUITE("admin_logs") {
+
+TEST_CASE("admin: a log reader that stops reading does not stop the data path") {
+  RecordingUpstream up;
+  TempDir dir("fencegate-logpipe");
+  const std::string fifo = dir.file("stderr.fifo");
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // A reader that never reads: the pipe (64 KiB) fills after a couple of hundred lines.
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  REQUIRE(reader >= 0);
+  const std::uint16_t port = free_port();
+  Process p = Process::start({kFencegate, "serve", "--listen", "127.0.0.1:" + std::to_string(port), "--upstream",
+                              up.url(), "--db", dir.file("fence.db"), "--admin-listen", "127.0.0.1:0"},
+                             ProcessOptions{fifo, {}, {}});
+  REQUIRE(p.wait_for_port(port));
+  REQUIRE(is_2xx(request(port, "POST", "/a", token(5))));
+  HttpClient c;
+  REQUIRE(c.connect(port));
+  const auto t0 = Clock::now();
+  int refused = 0;
+  for (int i = 0; i < 1500; ++i) {  // each one a warn line of ~400 bytes: ~600 KB
+    auto r = c.request("POST", "/stale", token(1), {}, 5s);
+    if (!r.ok()) break;
+    refused += r.code() == 409;
+  }
+  const auto took = ms_between(t0, Clock::now());
+  MESSAGE("1500 logged rejections with stderr stalled: ", took, " ms");
+  CHECK(refused == 1500);
+  CHECK(took < 20000);
+  CHECK(is_2xx(request(port, "POST", "/b", token(5))));
+  ::close(reader);  // the proxy's writes now fail (EPIPE is ignored): it stays up
+  CHECK(is_2xx(request(port, "POST", "/c", token(5))));
+  p.kill(SIGTERM);
+  CHECK(p.wait_for(15s).has_value());
+}
 
 TEST_CASE("admin: logs are JSON lines; every rejection is logged at warn with its context; --log-level") {
   RecordingUpstream up;

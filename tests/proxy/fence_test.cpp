@@ -49,7 +49,8 @@ class ManualStore final : public Store {
     std::string leader;
   };
 
-  std::vector<ResourceState> load_all() override {
+  std::vector<ResourceState> load_all(Status* status = nullptr) override {
+    if (status) *status = Status::OK();
     std::lock_guard lk(mu_);
     std::vector<ResourceState> v;
     for (const auto& [name, g] : stored_) v.push_back(ResourceState{name, g, 0, ""});
