@@ -47,7 +47,7 @@ const std::vector<Route>& fixed_routes() {
         make_route("/tenants/admin/", "admin"),
         make_route("/api/v1/", "api.v1"),
         make_route("/users/{user}", "user_{user}"),
-        make_route("/a/{x}/b/{y}/", "{y}~{x}"),
+        make_route("/a/{x}/b/{y}/", "{y}:~{x}"),  // captures side by side need a ':' between them
         make_route("/static", "static"),
     };
     for (const Route& r : v) {
