@@ -571,6 +571,16 @@ std::string_view upstream_authority(std::string_view url) {
 // sendmsg and no reactor operation, completion post or coroutine suspension. Otherwise `bufs`
 // is advanced past what went and the caller writes the rest through Asio; *ec is set on a hard
 // error (a full socket buffer is not one).
+// Moves `bufs` past its first n bytes.
+template <class Buffers>
+void advance(Buffers& bufs, std::size_t n) {
+  for (net::const_buffer& b : bufs) {
+    const std::size_t k = std::min(n, b.size());
+    b += k;
+    n -= k;
+  }
+}
+
 template <class Buffers>
 bool send_now(Socket& s, Buffers& bufs, boost::system::error_code& ec) {
   ec.clear();  // like the write it replaces: *ec says how this send went, nothing earlier
@@ -596,12 +606,7 @@ bool send_now(Socket& s, Buffers& bufs, boost::system::error_code& ec) {
     return false;
   }
   if (static_cast<std::size_t>(r) == total) return true;
-  std::size_t skip = static_cast<std::size_t>(r);
-  for (net::const_buffer& b : bufs) {
-    const std::size_t k = std::min(skip, b.size());
-    b += k;
-    skip -= k;
-  }
+  advance(bufs, static_cast<std::size_t>(r));
   return false;
 }
 
@@ -840,6 +845,9 @@ class Session {
                      std::shared_ptr<Exchange> ex, const FenceMarks& marks);
   std::unique_ptr<UpConn> pooled_upstream(const config::Route& route);
   task<std::size_t> read_promptly(UpConn& up, boost::system::error_code& ec);
+  template <class Buffers>
+  task<bool> send_request(UpConn& up, Buffers& bufs, boost::system::error_code& ec);
+  bool answered_early(UpConn& up);
   task<std::unique_ptr<UpConn>> connect_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
                                               boost::system::error_code& ec);
   void give_back(const config::Route& route, std::unique_ptr<UpConn> c);
@@ -1594,6 +1602,76 @@ task<std::size_t> Session::read_promptly(UpConn& up, boost::system::error_code& 
   co_return co_await up.sock.async_read_some(b, net::redirect_error(use_task, ec));  // woken early
 }
 
+// Sends request bytes upstream; `bufs` is advanced past what went. A send that cannot go at
+// once waits for room while watching the upstream, since a server may answer before it has read
+// the whole request (an early 413 or 401) and then stop reading, or close: returns true iff it
+// answered so (answered_early), and the rest of the request is then not sent. *ec: how the send
+// went (a watchdog cancellation shows up in timed_out_).
+template <class Buffers>
+task<bool> Session::send_request(UpConn& up, Buffers& bufs, boost::system::error_code& ec) {
+  for (;;) {
+    if (send_now(up.sock, bufs, ec)) co_return false;
+    // A reset after an answer leaves the answer readable; with nothing there, the send failed.
+    if (ec) co_return answered_early(up) && !up.buf.empty();
+    struct Watch {
+      bool fired = false;  // the upstream became readable while the write waited
+      bool over = false;   // the write has ended
+    };
+    auto watch = std::make_shared<Watch>();
+    Socket* sock = &up.sock;
+    up.sock.async_wait(Socket::wait_read, [watch, sock](boost::system::error_code e) {
+      if (e || watch->over) return;
+      watch->fired = true;
+      boost::system::error_code ignored;
+      sock->cancel(ignored);  // ends the blocked write
+    });
+    std::size_t n = co_await net::async_write(up.sock, bufs, net::redirect_error(use_task, ec));
+    watch->over = true;
+    if (!watch->fired) {
+      boost::system::error_code ignored;
+      up.sock.cancel(ignored);  // ends the wait (its handler does nothing now)
+      co_return ec && !timed_out_ && answered_early(up) && !up.buf.empty();
+    }
+    if (timed_out_) co_return false;
+    advance(bufs, n);
+    if (answered_early(up)) {
+      ec.clear();
+      co_return true;
+    }
+    ec.clear();  // only an interim answer, or part of a head: send on
+  }
+}
+
+// Reads what the upstream sent while the request was still going out. True iff that is the start
+// of its answer (a final response head, something that is not one, which the response path
+// refuses, or a close); a complete interim 1xx answer is dropped and does not count.
+bool Session::answered_early(UpConn& up) {
+  bool closed = false;
+  for (;;) {
+    while (!up.buf.empty()) {
+      HeadScan s = scan_response_head(up.buf.view(), kMaxResponseHeader, &sc_->resp);
+      if (s.status == HeadStatus::complete && sc_->resp.status >= 100 && sc_->resp.status < 200 &&
+          sc_->resp.status != 101) {
+        up.buf.consume(s.length);
+        continue;
+      }
+      if (s.status != HeadStatus::incomplete) return true;
+      break;
+    }
+    if (closed) return true;
+    const auto b = up.buf.prepare(kRelayBuffer);
+    ssize_t n;
+    do n = ::recv(up.sock.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) {
+      up.buf.commit(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;  // nothing (more) yet
+    closed = true;  // EOF or reset: whatever came before it is the answer
+  }
+}
+
 std::unique_ptr<UpConn> Session::pooled_upstream(const config::Route& route) {
   auto& pool = w_.pool(route.upstream);
   while (!pool.empty()) {
@@ -1757,26 +1835,31 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   }
 
   // Request: the head with the first body bytes in one write, then the rest as it arrives.
+  // An upstream may answer before it has the whole request (early): that answer is relayed, the
+  // rest of the body is not sent, and both connections close after it (the client's body is
+  // left unread).
   auto& gather = sc_->gather;
   auto& frame = sc_->frame;
+  bool early = false;
   if (!fr.chunked) {
     std::uint64_t left = fr.content_length.value_or(0);
     std::size_t pre = static_cast<std::size_t>(std::min<std::uint64_t>(left, sc_->in.size()));
     arm(cfg.upstream_timeout);
     std::array<net::const_buffer, 2> b{net::buffer(sc_->out), net::buffer(sc_->in.view().data(), pre)};
-    if (!send_now(up.sock, b, ec) && !ec) co_await net::async_write(up.sock, b, net::redirect_error(use_task, ec));
+    early = co_await send_request(up, b, ec);
     ec = settle(ec);
-    if (ec) co_return co_await upstream_failed(ec, "send");
+    if (ec && !early) co_return co_await upstream_failed(ec, "send");
     sc_->in.consume(pre);
     left -= pre;
-    while (left > 0) {
+    while (left > 0 && !early) {
       ec = co_await read_client(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer)), cfg.body_timeout);
       if (ec) co_return co_await client_body_failed(nullptr, false);
       std::size_t n = std::min<std::size_t>(sc_->in.size(), static_cast<std::size_t>(left));
       arm(cfg.upstream_timeout);
-      co_await net::async_write(up.sock, net::buffer(sc_->in.view().data(), n), net::redirect_error(use_task, ec));
+      std::array<net::const_buffer, 1> piece{net::buffer(sc_->in.view().data(), n)};
+      early = co_await send_request(up, piece, ec);
       ec = settle(ec);
-      if (ec) co_return co_await upstream_failed(ec, "send");
+      if (ec && !early) co_return co_await upstream_failed(ec, "send");
       sc_->in.consume(n);
       left -= n;
     }
@@ -1792,13 +1875,13 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       frame_chunk(gather, size_slot, frame, total, dec.done());
       if (!head_sent || total || dec.done()) {
         arm(cfg.upstream_timeout);
-        if (!send_now(up.sock, gather, ec) && !ec) co_await net::async_write(up.sock, gather, net::redirect_error(use_task, ec));
+        early = co_await send_request(up, gather, ec);
         ec = settle(ec);
-        if (ec) co_return co_await upstream_failed(ec, "send");
+        if (ec && !early) co_return co_await upstream_failed(ec, "send");
         head_sent = true;
       }
       sc_->in.consume(used);
-      if (dec.done()) break;
+      if (dec.done() || early) break;
       if (sc_->in.empty()) {
         ec = co_await read_client(kRelayBuffer, cfg.body_timeout);
         if (ec) co_return co_await client_body_failed(nullptr, false);
@@ -1907,7 +1990,8 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       });
   // Close-delimited, or framed both ways (RFC 9112 6.3: chunked wins, the connection closes after).
   if (body == Body::until_close || (body == Body::chunked && rh.has(FieldKind::content_length))) up_reusable = false;
-  bool keep = client_keep_alive && !rt_.stopping.load(std::memory_order_relaxed);
+  if (early) up_reusable = false;  // it has a partial request
+  bool keep = client_keep_alive && !early && !rt_.stopping.load(std::memory_order_relaxed);
   // A 1.0 client gets a body it can delimit only by the close.
   const bool chunk_out = version == 11 && (body == Body::chunked || body == Body::until_close);
   if (version == 10 && (body == Body::chunked || body == Body::until_close)) keep = false;

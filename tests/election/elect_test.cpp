@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/election/etcd_harness.h"
+#include "tests/support/net_util.h"
 #include "tests/support/http_client.h"
 #include "tests/support/upstream.h"
 
@@ -470,19 +471,14 @@ TEST_CASE("elect: a first etcd endpoint that accepts and never answers does not 
   EtcdServer etcd;
   FG_START_ETCD(etcd);
   // Listens, never accepts: connections complete in the backlog, requests get no answer.
-  const int hung = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(hung, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(hung, reinterpret_cast<sockaddr*>(&a), &len);
-  REQUIRE(::listen(hung, 64) == 0);
-  const std::string hung_url = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::uint16_t hung_port = 0;
+  Fd hung = listen_loopback(&hung_port);
+  REQUIRE(hung.valid());
+  const std::string hung_url = "http://127.0.0.1:" + std::to_string(hung_port);
   auto r = run_command({kFencegate, "elect", "--etcd", hung_url + "," + etcd.url(), "--election", "jobs", "--ttl", "3",
                         "--", "sh", "-c", "test \"$FENCING_TOKEN\" -gt 0 && exit 9"},
                        40s);
-  ::close(hung);
+  hung.reset();
   INFO(r.err);
   CHECK(r.code() == 9);  // elected through the second endpoint, the command ran
 }

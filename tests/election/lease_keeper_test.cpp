@@ -13,6 +13,7 @@
 
 #include "election_client/lease_keeper.h"
 #include "tests/election/etcd_harness.h"
+#include "tests/support/net_util.h"
 
 using namespace fencegate::election;
 using namespace fencegate::testing;
@@ -53,15 +54,8 @@ struct Recorder {
 class Blackhole {
  public:
   explicit Blackhole(std::uint16_t target_port) : target_(target_port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    REQUIRE(::listen(fd_, 16) == 0);
+    fd_ = listen_loopback(&port_, 16).release();
+    REQUIRE(fd_ >= 0);
     accepter_ = std::thread([this] { accept_loop(); });
   }
   ~Blackhole() {

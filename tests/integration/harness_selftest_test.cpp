@@ -140,21 +140,16 @@ TEST_CASE("harness: upstream parses strictly and records nothing ambiguous") {
 }
 
 TEST_CASE("harness: chunked, interim 1xx and close-delimited responses are read") {
-  Fd l(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(l.get(), 1) == 0);
-  socklen_t len = sizeof a;
-  ::getsockname(l.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  std::uint16_t lport = 0;
+  Fd l = listen_loopback(&lport, 1);
+  REQUIRE(l.valid());
   std::thread srv([&] {
     Fd fd(::accept(l.get(), nullptr, nullptr));
     write_all(fd.get(), "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nT: 1\r\n\r\n");
     write_all(fd.get(), "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\n\r\nuntil close");
   });
   HttpClient c;
-  REQUIRE(c.connect(ntohs(a.sin_port)));
+  REQUIRE(c.connect(lport));
   auto r1 = c.read_response(5s);
   auto r2 = c.read_response(5s);
   srv.join();

@@ -28,17 +28,8 @@ class RawUpstream {
     int late_ms = 0;
   };
   explicit RawUpstream(std::function<Answer(int n, const std::string& head)> respond) : respond_(std::move(respond)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    socklen_t len = sizeof a;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    REQUIRE(::listen(fd_, 64) == 0);
+    fd_ = listen_loopback(&port_).release();
+    REQUIRE(fd_ >= 0);
     thread_ = std::thread([this] { accept_loop(); });
   }
   ~RawUpstream() {

@@ -68,6 +68,22 @@ std::chrono::milliseconds remaining(Clock::time_point deadline) {
   return left.count() < 0 ? std::chrono::milliseconds(0) : left;
 }
 
+Fd listen_loopback(std::uint16_t* port, int backlog) {
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return {};
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0 || ::listen(fd.get(), backlog) != 0)
+    return {};
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
 Fd connect_loopback(std::uint16_t port, std::chrono::milliseconds timeout, std::string* error) {
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) {

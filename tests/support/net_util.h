@@ -48,6 +48,9 @@ bool has_header(const Headers& h, std::string_view name);
 // Connects a blocking TCP socket to 127.0.0.1:port. Returns an invalid Fd on failure.
 Fd connect_loopback(std::uint16_t port, std::chrono::milliseconds timeout, std::string* error = nullptr);
 
+// A listening TCP socket on 127.0.0.1 at an ephemeral port (stored in *port). Invalid on failure.
+Fd listen_loopback(std::uint16_t* port, int backlog = 64);
+
 // Writes all of `data` (MSG_NOSIGNAL). Returns true iff everything was written.
 bool write_all(int fd, std::string_view data);
 
