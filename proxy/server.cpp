@@ -427,6 +427,7 @@ const char* reason_of(unsigned status) {
     case 413: return "Content Too Large";
     case 417: return "Expectation Failed";
     case 428: return "Precondition Required";
+    case 414: return "URI Too Long";
     case 431: return "Request Header Fields Too Large";
     case 501: return "Not Implemented";
     case 502: return "Bad Gateway";
@@ -994,9 +995,15 @@ int Session::scan_head(std::size_t* checked, std::size_t* head_len) {
       sc_->out = local_reply(Problem{400, "bad-request", "Bad request", s.reason}, false, 11, kNoMarks);
       return -1;
     case HeadStatus::too_large:
-      sc_->out = local_reply(Problem{431, "header-too-large", "Request header fields too large",
-                                 "the request head exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"},
-                         false, 11, kNoMarks);
+      // A request line that alone does not fit is a target too long (RFC 9112 3: 414).
+      if (data.substr(0, std::min<std::size_t>(data.size(), cfg.max_header_bytes)).find('\n') == std::string_view::npos)
+        sc_->out = local_reply(Problem{414, "uri-too-long", "URI too long",
+                                       "the request line exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"},
+                               false, 11, kNoMarks);
+      else
+        sc_->out = local_reply(Problem{431, "header-too-large", "Request header fields too large",
+                                       "the request head exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"},
+                               false, 11, kNoMarks);
       return -1;
     default:
       return 0;

@@ -162,7 +162,7 @@ TEST_CASE("framing: empty lines before a request line are ignored, and not forwa
   CHECK(up.requests().size() == 2);
 }
 
-TEST_CASE("framing: oversized header 431, oversized body 413, slow header 408") {
+TEST_CASE("framing: oversized header 431, over-long request line 414, oversized body 413, slow header 408") {
   RecordingUpstream up;
   Proxy px(spec_for(up, {"--max-header-bytes", "4096", "--max-body-bytes", "1000", "--header-timeout-ms", "500"}));
   FG_LOG_ON_FAILURE(px);
@@ -183,6 +183,14 @@ TEST_CASE("framing: oversized header 431, oversized body 413, slow header 408") 
     INFO(describe(r2));
     REQUIRE(r2.ok());
     CHECK(r2.response.status == 431);
+    // A request line that alone is over the limit: the target is too long (414), same closing.
+    HttpClient c3;
+    auto r3 = send_raw(c3, px.port(), "GET /" + std::string(8000, 'p') + " HTTP/1.1\r\nHost: x\r\n\r\n");
+    INFO(describe(r3));
+    REQUIRE(r3.ok());
+    CHECK(r3.response.status == 414);
+    CHECK(c3.wait_closed(2s));
+    CHECK(up.count() == 0);
   }
   SUBCASE("413 on a declared Content-Length") {
     HttpClient c;
