@@ -36,7 +36,9 @@
 #include <boost/asio/any_completion_handler.hpp>
 #include <list>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -474,6 +476,26 @@ const FenceMarks kNoMarks{};
 
 // `head_only`: the answer to a HEAD request, which has the headers of the full answer and no body
 // (RFC 9110 9.3.2); body bytes after it would be read as the start of the next response.
+// The current time as an HTTP date (RFC 9110 5.6.7, IMF-fixdate), formatted once a second per
+// thread.
+std::string_view http_date() {
+  static constexpr const char* kDays[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  thread_local std::time_t last = -1;
+  thread_local char buf[32];
+  const std::time_t now = std::time(nullptr);
+  if (now != last) {
+    std::tm t{};
+    gmtime_r(&now, &t);
+    std::snprintf(buf, sizeof buf, "%s, %02d %s %04d %02d:%02d:%02d GMT", kDays[t.tm_wday], t.tm_mday,
+                  kMonths[t.tm_mon], t.tm_year + 1900, t.tm_hour, t.tm_min, t.tm_sec);
+    last = now;
+  }
+  return buf;
+}
+
+// fencegate's own answer (it is the origin of these: they carry a Date, RFC 9110 6.6.1).
 std::string local_reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks,
                         bool head_only = false) {
   std::string body = problem_body(p);
@@ -481,6 +503,8 @@ std::string local_reply(const Problem& p, bool keep_alive, int version, const Fe
   r += std::to_string(p.status);
   r += ' ';
   r += reason_of(p.status);
+  r += "\r\nDate: ";
+  r += http_date();
   r += "\r\nContent-Type: application/problem+json\r\nContent-Length: ";
   r += std::to_string(body.size());
   r += "\r\nCache-Control: no-store\r\n";
@@ -1802,6 +1826,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
           continue;
         case FieldKind::x_forwarded_for:
         case FieldKind::forwarded: {
+          if (named_by_connection(head, f.name)) continue;  // hop-by-hop by the client's word: ours alone go on
           std::string& acc = f.kind == FieldKind::forwarded ? fwd : xff;
           if (!acc.empty()) acc += ", ";
           acc += f.value;
@@ -1896,7 +1921,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     }
   }
 
-  // Response head; interim 1xx responses are dropped.
+  // Response head, after any interim 1xx answers.
   ResponseHead& rh = sc_->resp;
   std::size_t rh_len = 0;
   for (;;) {
@@ -1905,6 +1930,24 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       if (s.status == HeadStatus::complete) {
         rh_len = s.length;
         if (rh.status >= 100 && rh.status < 200 && rh.status != 101) {
+          // Interim answers (103 Early Hints, 102) go on to HTTP/1.1 clients (RFC 9110 15.2);
+          // not 100 Continue: fencegate answers Expect itself and never forwards it.
+          if (rh.status != 100 && version == 11) {
+            std::string_view view = up.buf.view();
+            sc_->out.clear();
+            append(sc_->out, std::string_view("HTTP/1.1"), view.substr(8, view.find("\r\n") - 8), std::string_view("\r\n"));
+            for (const auto& f : rh.fields)
+              if (!is_hop_by_hop(f.kind) && !named_by_connection(rh, f.name)) append_field(sc_->out, f.name, f.value);
+            sc_->out += "\r\n";
+            arm(cfg.body_timeout);
+            std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+            if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+            if (settle(ec)) {
+              waiting_up_ = nullptr;
+              ex->release();
+              co_return false;
+            }
+          }
           up.buf.consume(rh_len);
           continue;
         }
@@ -1955,16 +1998,17 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     for (const auto& f : rh.fields)
       if (f.kind == FieldKind::transfer_encoding) {
         has_te = true;
-        if (!te_value.empty()) te_value += ", ";
-        te_value += f.value;
+        // "identity" (RFC 2616's no-op coding, gone from HTTP/1.1 since RFC 7230) is not a
+        // coding to pass on: a client would wait for a coding it cannot undo.
+        for_each_token(f.value, [&](std::string_view t) {
+          te_chunked = iequals(t, "chunked");  // of the last coding as sent (RFC 9112 6.3)
+          if (iequals(t, "identity")) return;
+          if (!te_value.empty()) te_value += ", ";
+          te_value += t;
+        });
       } else if (f.kind == FieldKind::content_length && ncl++ == 0) {
         cl = f.value;
       }
-    if (has_te) {
-      std::string_view last;
-      for_each_token(te_value, [&](std::string_view t) { last = t; });
-      te_chunked = iequals(last, "chunked");
-    }
     bool cl_ok = ncl > 0;
     if (ncl) {
       for (const auto& f : rh.fields) {

@@ -1,6 +1,9 @@
 // Enforce mode, seen from outside: which writes reach the upstream, the status codes and
 // problem+json bodies of rejections, Fencing-Generation on every fenced response, reads,
 // routes with captures, and what the proxy does to headers on the way.
+#include <cstdlib>
+#include <ctime>
+
 #include "tests/integration/harness.h"
 
 using namespace fencegate::testing;
@@ -84,6 +87,15 @@ TEST_CASE("enforce: missing token on each write method is 428, not forwarded") {
   auto r = request(px.port(), "POST", "/x", {{"Fencing-Leader", "node-a"}});
   check_problem(r, 428, "default", 0, 3);
   CHECK(targets(up) == std::vector<std::string>{"/marker"});
+  // fencegate is the origin of its refusals: they carry a Date (RFC 9110 6.6.1), an IMF-fixdate.
+  const std::string date = r.response.header("Date");
+  CAPTURE(date);
+  REQUIRE(date.size() == 29);
+  CHECK(date.substr(25) == " GMT");
+  CHECK(date[3] == ',');
+  std::tm t{};
+  CHECK(strptime(date.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &t) != nullptr);
+  CHECK(std::abs(static_cast<long>(timegm(&t) - std::time(nullptr))) < 60);
 }
 
 TEST_CASE("enforce: malformed tokens are 400, not forwarded; 2^63-1 is valid") {
@@ -238,6 +250,15 @@ TEST_CASE("enforce: token header forwarded unchanged; X-Forwarded-For and Forwar
   CAPTURE(fwd);
   CHECK(fwd.rfind("for=10.0.0.2;proto=http", 0) == 0);
   CHECK(fwd.find("127.0.0.1") != std::string::npos);
+
+  // A client that names them in Connection made its own values hop-by-hop: only ours go on.
+  REQUIRE(is_2xx(request(px.port(), "POST", "/c",
+                         token(7, {{"Connection", "X-Forwarded-For, Forwarded"}, {"X-Forwarded-For", "10.9.9.9"},
+                                   {"Forwarded", "for=10.9.9.8"}}))));
+  reqs = up.requests();
+  REQUIRE(reqs.size() == 3);
+  CHECK(joined(reqs[2].headers_named("X-Forwarded-For")) == "127.0.0.1");
+  CHECK(joined(reqs[2].headers_named("Forwarded")).find("10.9.9.8") == std::string::npos);
 }
 
 TEST_CASE("enforce: hop-by-hop headers are not forwarded (RFC 9110 7.6.1)") {

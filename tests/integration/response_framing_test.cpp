@@ -137,6 +137,20 @@ TEST_CASE("response framing: a close-delimited body under another transfer codin
   CHECK(r.response.body == "not-really-gzip");
 }
 
+TEST_CASE("response framing: an obsolete Transfer-Encoding: identity is not passed on as a coding") {
+  RawUpstream up([](int, const std::string&) {
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\nplain", true};
+  });
+  Proxy px(spec_for(up.url()));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  auto r = request(px.port(), "GET", "/i");
+  INFO(describe(r));
+  REQUIRE(r.ok());
+  CHECK(r.response.header("Transfer-Encoding") == "chunked");  // not "identity, chunked"
+  CHECK(r.response.body == "plain");
+}
+
 TEST_CASE("response framing: a close-delimited body is chunked for 1.1 clients and closes for 1.0") {
   RawUpstream up([](int, const std::string&) {
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n" + std::string(40000, 'z'),
@@ -201,6 +215,35 @@ TEST_CASE("response framing: a chunked body reaches a 1.0 client decoded, then t
   CHECK(r.response.body == "abc");
   CHECK(r.response.header("Connection") == "close");
   CHECK(c.wait_closed());
+}
+
+TEST_CASE("response framing: interim 1xx answers reach 1.1 clients (not 100 Continue, not 1.0 clients)") {
+  RawUpstream up([](int, const std::string&) {
+    return RawUpstream::Answer{"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n"
+                               "Connection: close\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"};
+  });
+  Proxy px(spec_for(up.url()));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  REQUIRE(c.send(build_request("GET", "/p")));
+  REQUIRE(c.wait_closed(300ms) == false);  // (reads what has come so far)
+  std::string seen = c.pending();
+  auto r = c.read_response();
+  INFO(describe(r), " raw: ", seen);
+  REQUIRE(r.ok());
+  CHECK(r.response.status == 200);  // the reader skips interim answers
+  CHECK(seen.rfind("HTTP/1.1 103 Early Hints\r\n", 0) == 0);  // first, and no 100 before it
+  CHECK(seen.find("Link: </s.css>; rel=preload\r\n") != std::string::npos);
+  CHECK(seen.find("100 Continue") == std::string::npos);
+  CHECK(seen.substr(0, seen.find("\r\n\r\n")).find("Connection") == std::string::npos);  // hop-by-hop stays
+  // An HTTP/1.0 client cannot take interim answers (RFC 9110 15.2): it gets the final one only.
+  HttpClient c10;
+  auto r10 = send_raw(c10, px.port(), "GET /p HTTP/1.0\r\nHost: x\r\n\r\n");
+  REQUIRE(r10.ok());
+  CHECK(r10.response.status == 200);
+  CHECK(r10.response.version == "HTTP/1.0");
 }
 
 TEST_CASE("response framing: interim 100 responses are dropped, HEAD and 204/304 carry no body") {
