@@ -11,6 +11,8 @@ namespace {
 
 constexpr std::size_t kMaxResourceTemplate = 200;
 
+char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
 bool is_capture_char(char c) {
   return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
          c == '_' || c == '~' || c == '-';
@@ -295,6 +297,9 @@ Router::Router(const std::vector<Route>& routes) : routes_(&routes) {
     c.captures = static_cast<std::size_t>(
         std::count_if(c.parts.begin(), c.parts.end(), [](const Part& p) { return p.capture; }));
     c.index = i;
+    for (const Part& p : c.parts)
+      if (!p.capture && std::any_of(p.text.begin(), p.text.end(), [](char ch) { return ch >= 'A' && ch <= 'Z'; }))
+        has_upper_literal_ = true;
     compiled_.push_back(std::move(c));
   }
   // Kept in configuration order: the matched length depends on the captured values, so the
@@ -314,62 +319,93 @@ Router::Match Router::match(std::string_view target) const {
   }
   std::string_view path = target.substr(0, target.find('?'));
 
-  const Compiled* best = nullptr;
-  std::size_t best_len = 0;
-  bool best_loose = false;
-  std::vector<Capture> best_caps;
-  std::vector<Capture> caps;
-  for (const Compiled& c : compiled_) {
-    caps.clear();
-    std::size_t pos = 0;
-    bool ok = true;
-    bool loose = false;  // matched a prefix ending in '/' by a path that ends just before it
-    for (std::size_t k = 0; k < c.parts.size(); ++k) {
-      const Part& p = c.parts[k];
-      if (!p.capture) {
-        if (path.substr(pos).substr(0, p.text.size()) != p.text) {
-          // "/tenants/acme" is tenant acme's as much as "/tenants/acme/x" is: else it would be
-          // fenced under a shorter route's resource (or none) while the upstream serves it as
-          // acme's (nginx redirects it to the slashed form for the same reason).
-          const std::string_view rest = path.substr(pos);
-          if (k + 1 == c.parts.size() && p.text.back() == '/' && rest.size() + 1 == p.text.size() &&
-              p.text.compare(0, rest.size(), rest) == 0) {
-            pos = path.size();
-            loose = true;
-            continue;
+  // The most specific route for the path; with `fold`, literal text compared ignoring ASCII case.
+  // Null when none matches, or when a capture segment is refused (m says why).
+  // A full tie goes to `prefer` (else to the first in configuration order).
+  auto select = [&](bool fold, std::vector<Capture>& best_caps, const Compiled* prefer) -> const Compiled* {
+    auto same = [fold](std::string_view a, std::string_view b) {
+      if (a.size() != b.size()) return false;
+      if (!fold) return a == b;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
+      return true;
+    };
+    const Compiled* best = nullptr;
+    std::size_t best_len = 0;
+    bool best_loose = false;
+    std::vector<Capture> caps;
+    for (const Compiled& c : compiled_) {
+      caps.clear();
+      std::size_t pos = 0;
+      bool ok = true;
+      bool loose = false;  // matched a prefix ending in '/' by a path that ends just before it
+      for (std::size_t k = 0; k < c.parts.size(); ++k) {
+        const Part& p = c.parts[k];
+        if (!p.capture) {
+          if (!same(path.substr(pos).substr(0, p.text.size()), p.text)) {
+            // "/tenants/acme" is tenant acme's as much as "/tenants/acme/x" is: else it would be
+            // fenced under a shorter route's resource (or none) while the upstream serves it as
+            // acme's (nginx redirects it to the slashed form for the same reason).
+            const std::string_view rest = path.substr(pos);
+            if (k + 1 == c.parts.size() && p.text.back() == '/' && rest.size() + 1 == p.text.size() &&
+                same(std::string_view(p.text).substr(0, rest.size()), rest)) {
+              pos = path.size();
+              loose = true;
+              continue;
+            }
+            ok = false;
+            break;
           }
+          pos += p.text.size();
+          continue;
+        }
+        std::size_t end = path.find('/', pos);
+        if (end == std::string_view::npos) end = path.size();
+        std::string_view seg = path.substr(pos, end - pos);
+        if (seg.empty()) {
           ok = false;
           break;
         }
-        pos += p.text.size();
-        continue;
+        if (!std::all_of(seg.begin(), seg.end(), is_capture_char)) {
+          // Falling through to a shorter prefix would fence this request under another resource
+          // while the upstream may decode the segment into this route's tenant: refuse instead.
+          m.outcome = Outcome::bad_target;
+          m.reason = "path segment for {" + p.text + "} in route \"" + (*routes_)[c.index].prefix +
+                     "\" may only contain [A-Za-z0-9._~-]";
+          return nullptr;
+        }
+        caps.push_back({p.text, seg});
+        pos = end;
       }
-      std::size_t end = path.find('/', pos);
-      if (end == std::string_view::npos) end = path.size();
-      std::string_view seg = path.substr(pos, end - pos);
-      if (seg.empty()) {
-        ok = false;
-        break;
+      if (!ok) continue;
+      // Longest match; then an exact one over one without the trailing '/'; then fewer captures.
+      if (best == nullptr || pos > best_len ||
+          (pos == best_len && ((best_loose && !loose) || (best_loose == loose && c.captures < best->captures) ||
+                               (best_loose == loose && c.captures == best->captures && &c == prefer)))) {
+        best = &c;
+        best_len = pos;
+        best_loose = loose;
+        best_caps = caps;
       }
-      if (!std::all_of(seg.begin(), seg.end(), is_capture_char)) {
-        // Falling through to a shorter prefix would fence this request under another resource
-        // while the upstream may decode the segment into this route's tenant: refuse instead.
-        m.outcome = Outcome::bad_target;
-        m.reason = "path segment for {" + p.text + "} in route \"" + (*routes_)[c.index].prefix +
-                   "\" may only contain [A-Za-z0-9._~-]";
-        return m;
-      }
-      caps.push_back({p.text, seg});
-      pos = end;
     }
-    if (!ok) continue;
-    // Longest match; then an exact one over one without the trailing '/'; then fewer captures.
-    if (best == nullptr || pos > best_len ||
-        (pos == best_len && ((best_loose && !loose) || (best_loose == loose && c.captures < best->captures)))) {
-      best = &c;
-      best_len = pos;
-      best_loose = loose;
-      best_caps = caps;
+    return best;
+  };
+  std::vector<Capture> best_caps;
+  const Compiled* best = select(false, best_caps, nullptr);
+  if (m.outcome == Outcome::bad_target) return m;
+  // An upstream that routes without regard to letter case (Express's and ASP.NET Core's default)
+  // would take "/Tenants/acme/x" for "/tenants/acme/x": a path that matches another route once
+  // case is ignored is refused, not fenced under the route its exact case reaches.
+  if (best != nullptr && (has_upper_literal_ || std::any_of(path.begin(), path.end(), [](char c) { return c >= 'A' && c <= 'Z'; }))) {
+    std::vector<Capture> folded_caps;
+    const Compiled* folded = select(true, folded_caps, best);
+    if (m.outcome == Outcome::bad_target) return m;
+    if (folded != best) {
+      m.outcome = Outcome::bad_target;
+      m.reason = "the path matches route \"" + (*routes_)[folded->index].prefix +
+                 "\" when letter case is ignored, but route \"" + (*routes_)[best->index].prefix +
+                 "\" as sent: an upstream that ignores case would apply it to the other one";
+      return m;
     }
   }
   if (best == nullptr) return m;  // no_route

@@ -11,7 +11,9 @@
 // segments ("//"), backslashes, path parameters (';', which servlet containers strip from each
 // segment before routing), percent-encoded '/', '\\', ';', '.' or '%', sequences that are not valid,
 // control characters or bytes >= 0x80. Captured segments may only contain [A-Za-z0-9._~-] (and
-// may not be "." or ".."), so a resource name is always printable and bounded.
+// may not be "." or ".."), so a resource name is always printable and bounded. A path that would
+// match another route if letter case were ignored is refused too (upstreams that route without
+// regard to case would apply it to that route's resource).
 //
 // Thread-safety: immutable after construction; match() may be called from any thread.
 #pragma once
@@ -43,6 +45,7 @@ class Router {
  private:
   struct Compiled;
   std::vector<Compiled> compiled_;  // sorted: most specific first
+  bool has_upper_literal_ = false;  // some route's literal text has an upper-case letter
   const std::vector<Route>* routes_;
 
  public:

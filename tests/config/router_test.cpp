@@ -229,3 +229,35 @@ TEST_CASE("resource_templates_overlap: can two templates name the same resource"
   CHECK_FALSE(resource_templates_overlap("a-{t}", "b-{t}"));
   CHECK_FALSE(resource_templates_overlap("{t}:a", "{t}:b"));
 }
+
+TEST_CASE("a path that reaches another route once letter case is ignored is refused") {
+  // An upstream that routes without regard to case (Express, ASP.NET Core) would apply
+  // "/Tenants/acme/x" to tenant acme, while the exact match is the catch-all's resource.
+  std::vector<Route> routes{route("/", "default"), route("/tenants/{tenant}/", "tenant-{tenant}"),
+                            route("/tenants/vip/", "vip")};
+  Router router(routes);
+  for (const char* t : {"/Tenants/acme/x", "/TENANTS/acme", "/tenants/VIP/x", "/tenants/Vip"}) {
+    CAPTURE(t);
+    auto m = router.match(t);
+    CHECK(m.outcome == Outcome::bad_target);
+    CHECK(m.reason.find("letter case") != std::string::npos);
+  }
+  // Case that changes no route is fine: the capture keeps it, the catch-all takes the rest.
+  CHECK(router.match("/tenants/Acme/x").resource == "tenant-Acme");
+  CHECK(router.match("/Other/x").resource == "default");
+  CHECK(router.match("/tenants/vip/x").resource == "vip");
+
+  // Upper case in a route's own literal: the exact spelling reaches it, another spelling that
+  // would fall to the catch-all is refused.
+  std::vector<Route> upper{route("/", "default"), route("/API/", "api")};
+  Router r2(upper);
+  CHECK(r2.match("/API/x").resource == "api");
+  CHECK(r2.match("/api/x").outcome == Outcome::bad_target);
+  CHECK(r2.match("/x").resource == "default");
+
+  // Two routes that differ only in case: each one's exact spelling still reaches it.
+  std::vector<Route> twins{route("/A/", "upper"), route("/a/", "lower")};
+  Router r3(twins);
+  CHECK(r3.match("/A/x").resource == "upper");
+  CHECK(r3.match("/a/x").resource == "lower");
+}

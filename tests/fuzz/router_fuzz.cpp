@@ -122,7 +122,10 @@ struct RefMatch {
 
 // Reference matcher: longest matched prefix (a final '/' of a prefix may meet the path's end);
 // equal length -> an exact match before such a one, then fewer captures; then configuration order. A capture segment with a character outside [A-Za-z0-9._~-] refuses the whole target.
-RefMatch reference_match(const std::vector<Route>& routes, std::string_view target) {
+// One pass over the routes; `fold`: literal text compared ignoring ASCII case, and a full tie
+// goes to route `prefer`.
+RefMatch reference_pass(const std::vector<Route>& routes, std::string_view target, bool fold, std::size_t prefer) {
+  auto lo = [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; };
   RefMatch out;
   if (!reference_target_ok(target)) {
     out.outcome = Outcome::bad_target;
@@ -143,7 +146,7 @@ RefMatch reference_match(const std::vector<Route>& routes, std::string_view targ
           loose = true;
           continue;
         }
-        ok = pos < path.size() && path[pos] == pre[i];
+        ok = pos < path.size() && (fold ? lo(path[pos]) == lo(pre[i]) : path[pos] == pre[i]);
         ++pos;
         continue;
       }
@@ -167,7 +170,8 @@ RefMatch reference_match(const std::vector<Route>& routes, std::string_view targ
     }
     if (!ok) continue;
     if (!found || pos > best_len ||
-        (pos == best_len && ((best_loose && !loose) || (best_loose == loose && caps.size() < best_caps)))) {
+        (pos == best_len && ((best_loose && !loose) || (best_loose == loose && caps.size() < best_caps) ||
+                             (best_loose == loose && caps.size() == best_caps && r == prefer)))) {
       found = true;
       best_len = pos;
       best_loose = loose;
@@ -194,6 +198,20 @@ RefMatch reference_match(const std::vector<Route>& routes, std::string_view targ
     out.resource.clear();
   }
   return out;
+}
+
+// The route as sent; refused when ignoring letter case would pick another route (an upstream
+// that routes without regard to case would apply the request there).
+RefMatch reference_match(const std::vector<Route>& routes, std::string_view target) {
+  RefMatch exact = reference_pass(routes, target, false, routes.size());
+  if (exact.outcome != Outcome::matched) return exact;
+  RefMatch folded = reference_pass(routes, target, true, exact.route);
+  if (folded.outcome == Outcome::bad_target || folded.route != exact.route) {
+    folded.outcome = Outcome::bad_target;
+    folded.resource.clear();
+    return folded;
+  }
+  return exact;
 }
 
 const char* name(Outcome o) {
