@@ -13,7 +13,10 @@ struct Waiter {
 }  // namespace
 
 struct FenceResource {
-  explicit FenceResource(std::string n) : name(std::move(n)) { head.prev = head.next = &head; }
+  explicit FenceResource(std::string n) : name(std::move(n)) {
+    head.prev = head.next = &head;
+    observed_head.prev = observed_head.next = &observed_head;
+  }
   const std::string name;
 
   // Guarded by mu
@@ -23,6 +26,10 @@ struct FenceResource {
   std::string seen_leader;
   std::size_t inflight = 0;  // linked nodes (admitted writes of generation == stored)
   InflightNode head;         // sentinel of the intrusive list of in-flight writes
+  // Writes forwarded under observe mode and still in flight (track_observed()). After a switch
+  // to enforce they may be of any generation, so no enforce write is admitted while any is.
+  std::size_t observed = 0;
+  InflightNode observed_head;
   std::vector<Waiter> waiting;
   bool advancing = false;   // draining or committing towards `seen`
   bool committing = false;  // a store.advance() is outstanding
@@ -111,7 +118,7 @@ std::vector<ResourceView> Fence::snapshot() {
   out.reserve(all.size());
   for (FenceResource* r : all) {
     std::lock_guard lk(r->mu);
-    out.push_back(ResourceView{r->name, r->stored, r->seen, r->inflight, r->waiting.size()});
+    out.push_back(ResourceView{r->name, r->stored, r->seen, r->inflight + r->observed, r->waiting.size()});
   }
   std::sort(out.begin(), out.end(), [](const ResourceView& a, const ResourceView& b) { return a.name < b.name; });
   return out;
@@ -122,14 +129,29 @@ FenceStats Fence::stats() {
   return stats_;
 }
 
-static void link(FenceResource* r, InflightNode* n) {
+static void link(FenceResource* r, InflightNode* n, bool observed = false) {
+  InflightNode& head = observed ? r->observed_head : r->head;
   n->resource = r;
+  n->observed = observed;
   n->aborted = false;
-  n->prev = r->head.prev;
-  n->next = &r->head;
-  r->head.prev->next = n;
-  r->head.prev = n;
-  ++r->inflight;
+  n->prev = head.prev;
+  n->next = &head;
+  head.prev->next = n;
+  head.prev = n;
+  ++(observed ? r->observed : r->inflight);
+}
+
+// REQUIRES: r->mu held. Whether nothing stands in the way of the advance under way: no write
+// forwarded under observe is in flight, and, when a newer generation is to be committed, no
+// admitted write of the older one either.
+static bool drained(const FenceResource* r) {
+  return r->observed == 0 && (r->seen == r->stored || r->inflight == 0);
+}
+
+void Fence::track_observed(FenceResource* r, InflightNode* node) {
+  if (!r) return;
+  std::lock_guard lk(r->mu);
+  link(r, node, /*observed=*/true);
 }
 
 bool Fence::decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Decision* now) {
@@ -143,7 +165,7 @@ bool Fence::decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Dec
       *now = Decision{Verdict::stale, r->stored, r->seen, false};
       return true;
     }
-    if (g == r->stored && r->seen == r->stored) {
+    if (g == r->stored && r->seen == r->stored && !r->advancing && r->observed == 0) {
       link(r, node);
       *now = Decision{Verdict::admit, r->stored, r->seen, false};
       return true;
@@ -176,7 +198,7 @@ bool Fence::admit(const std::string& resource, std::int64_t g, const std::string
       *now = Decision{Verdict::stale, r->stored, r->seen, false};
       return true;
     }
-    if (g == r->stored && r->seen == r->stored) {  // the fast path
+    if (g == r->stored && r->seen == r->stored && !r->advancing && r->observed == 0) {  // the fast path
       link(r, node);
       *now = Decision{Verdict::admit, r->stored, r->seen, false};
       return true;
@@ -189,7 +211,8 @@ bool Fence::admit(const std::string& resource, std::int64_t g, const std::string
         after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
       r->waiting.clear();
     }
-    // g == seen > stored: park until the advance commits.
+    // g == seen > stored: park until the advance commits. (g == seen == stored: writes forwarded
+    // under observe mode are still in flight, from before a switch to enforce: park until they end.)
     r->waiting.push_back(Waiter{g, node, std::move(later)});
     if (!r->advancing) start_advance(r, after);
   }
@@ -197,35 +220,56 @@ bool Fence::admit(const std::string& resource, std::int64_t g, const std::string
   return false;
 }
 
-// REQUIRES: r->mu held, !r->advancing, r->seen > r->stored.
+// REQUIRES: r->mu held, !r->advancing, r->seen > r->stored or parked writes of the stored
+// generation wait for writes forwarded under observe mode.
 void Fence::start_advance(FenceResource* r, After& after) {
   r->advancing = true;
-  if (r->inflight == 0) {
-    begin_commit(r, after);
-    return;
-  }
-  // Older writes are still in flight: wait for them, up to the drain timeout.
-  after.drain_wait = true;
-  r->drain_armed = true;
-  r->draining = true;
-  r->drain_started = std::chrono::steady_clock::now();
-  r->drain_deadline = r->drain_started + drain_timeout_;
-  {
-    std::lock_guard tl(timer_mu_);
-    deadlines_.emplace(r->drain_deadline, r);
-  }
-  timer_cv_.notify_all();
+  proceed(r, after);
 }
 
-// REQUIRES: r->mu held, r->advancing, r->inflight == 0, !r->committing.
-void Fence::begin_commit(FenceResource* r, After& after) {
-  r->committing = true;
+// REQUIRES: r->mu held, r->advancing, !r->committing. The next step of the advance: wait (up to
+// the drain timeout) while writes are in the way, then commit the newer generation, or admit the
+// parked writes once it is durable.
+void Fence::proceed(FenceResource* r, After& after) {
+  if (!drained(r)) {
+    if (r->draining) return;  // the wait is on already (or its timeout has aborted what was in the way)
+    after.drain_wait = true;
+    r->drain_armed = true;
+    r->draining = true;
+    r->drain_started = std::chrono::steady_clock::now();
+    r->drain_deadline = r->drain_started + drain_timeout_;
+    {
+      std::lock_guard tl(timer_mu_);
+      deadlines_.emplace(r->drain_deadline, r);
+    }
+    timer_cv_.notify_all();
+    return;
+  }
   r->drain_armed = false;
   if (r->draining) {
     r->draining = false;
     after.drained_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - r->drain_started).count();
   }
+  if (r->seen > r->stored) {
+    begin_commit(r, after);
+    return;
+  }
+  r->advancing = false;
+  for (auto& w : r->waiting) {
+    if (w.g == r->stored) {
+      link(r, w.node);
+      after.calls.emplace_back(std::move(w.done), Decision{Verdict::admit, r->stored, r->seen, false});
+    } else {
+      after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, r->seen, false});
+    }
+  }
+  r->waiting.clear();
+}
+
+// REQUIRES: r->mu held, r->advancing, drained(r), !r->committing.
+void Fence::begin_commit(FenceResource* r, After& after) {
+  r->committing = true;
   after.commit = r;
   after.target = r->seen;
   after.leader = r->seen_leader;
@@ -264,22 +308,10 @@ void Fence::on_committed(FenceResource* r, std::int64_t target, store::Status st
         std::lock_guard sl(stats_mu_);
         ++stats_.advances;
       }
-      if (r->seen > r->stored) {
-        // A newer generation arrived while committing; nothing was admitted meanwhile, so no
-        // second drain is needed: commit again towards it.
-        begin_commit(r, after);
-      } else {
-        r->advancing = false;
-        for (auto& w : r->waiting) {
-          if (w.g == r->stored) {
-            link(r, w.node);
-            after.calls.emplace_back(std::move(w.done), Decision{Verdict::admit, r->stored, r->seen, false});
-          } else {
-            after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, r->seen, false});
-          }
-        }
-        r->waiting.clear();
-      }
+      // A newer generation that arrived while committing is committed next (nothing was
+      // admitted meanwhile, so no admitted write is in the way); writes forwarded under observe
+      // mode meanwhile are waited for before anything is admitted.
+      proceed(r, after);
     }
   }
   run(after);
@@ -296,14 +328,17 @@ void Fence::shutdown() {
     {
       std::lock_guard lk(r->mu);
       dropped.swap(r->waiting);
-      for (InflightNode* n = r->head.next; n != &r->head;) {
-        InflightNode* next = n->next;
-        n->prev = n->next = nullptr;
-        n->resource = nullptr;
-        n = next;
+      for (InflightNode* h : {&r->head, &r->observed_head}) {
+        for (InflightNode* n = h->next; n != h;) {
+          InflightNode* next = n->next;
+          n->prev = n->next = nullptr;
+          n->resource = nullptr;
+          n = next;
+        }
+        h->prev = h->next = h;
       }
-      r->head.prev = r->head.next = &r->head;
       r->inflight = 0;
+      r->observed = 0;
       r->drain_armed = false;
     }
     // `dropped` (and the callbacks' captured state) is destroyed here, outside the lock.
@@ -323,8 +358,8 @@ void Fence::release(InflightNode* n) {
     n->next->prev = n->prev;
     n->prev = n->next = nullptr;
     n->resource = nullptr;
-    --r->inflight;
-    if (r->inflight == 0 && r->advancing && !r->committing) begin_commit(r, after);
+    --(n->observed ? r->observed : r->inflight);
+    if (r->advancing && !r->committing) proceed(r, after);
   }
   run(after);
 }
@@ -353,11 +388,15 @@ bool Fence::observe(const std::string& resource, std::int64_t g, const std::stri
   }
   store_.advance(r->name, g, leader, [this, r, g, later = std::move(later)](store::Status st) {
     Decision d;
+    After after;
     {
       std::lock_guard lk(r->mu);
       if (st.ok()) r->stored = std::max(r->stored, g);
       d = Decision{st.ok() ? Verdict::admit : Verdict::store_error, r->stored, r->seen, false};
+      // An enforce advance waiting meanwhile (a switch from observe) may be free to go on now.
+      if (st.ok() && r->advancing && !r->committing) proceed(r, after);
     }
+    run(after);
     if (st.ok()) {
       std::lock_guard sl(stats_mu_);
       ++stats_.advances;
@@ -383,21 +422,30 @@ void Fence::timer_loop() {
     deadlines_.erase(deadlines_.begin());
     lk.unlock();
     std::uint64_t aborted = 0;
+    After after;
     {
       std::lock_guard rl(r->mu);
-      if (r->advancing && !r->committing && r->drain_armed && r->inflight > 0 &&
+      if (r->advancing && !r->committing && r->drain_armed && drained(r)) {
+        proceed(r, after);  // what was in the way went without a release (a commit made by observe)
+      } else if (r->advancing && !r->committing && r->drain_armed && !drained(r) &&
           std::chrono::steady_clock::now() >= r->drain_deadline) {
         r->drain_armed = false;
-        // Abort every older exchange still in flight; each releases its node once its socket
-        // is closed, and the last release starts the commit.
-        for (InflightNode* n = r->head.next; n != &r->head; n = n->next) {
-          if (n->aborted) continue;
-          n->aborted = true;
-          ++aborted;
-          if (n->abort) n->abort();
-        }
+        // Abort every exchange in the way: writes forwarded under observe mode, and the older
+        // generation's when a newer one is to be committed. Each releases its node once its
+        // socket is closed, and the last release goes on with the advance.
+        auto abort_all = [&aborted](InflightNode* h) {
+          for (InflightNode* n = h->next; n != h; n = n->next) {
+            if (n->aborted) continue;
+            n->aborted = true;
+            ++aborted;
+            if (n->abort) n->abort();
+          }
+        };
+        abort_all(&r->observed_head);
+        if (r->seen > r->stored) abort_all(&r->head);
       }
     }
+    run(after);
     if (aborted) {
       std::lock_guard sl(stats_mu_);
       stats_.drain_aborts += aborted;

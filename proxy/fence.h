@@ -13,6 +13,8 @@
 //   g >  seen                  -> seen = g; parked writes of lower generations become stale;
 //                                 drain in-flight writes (abort them after drain_timeout), commit
 //                                 g durably, then admit the parked writes of generation g.
+//   Writes forwarded under observe mode that are still in flight (a switch to enforce) are
+//   drained the same way before any enforce write is admitted, even of the stored generation.
 // Observe mode never rejects and never drains: it reports what enforce would have decided and
 // still advances the stored generation durably before the write is forwarded.
 //
@@ -48,6 +50,7 @@ struct InflightNode {
   InflightNode* next = nullptr;
   std::function<void()> abort;
   FenceResource* resource = nullptr;  // set while linked
+  bool observed = false;              // linked by track_observed() (observe mode)
   bool aborted = false;               // set by the fence before calling abort
 };
 
@@ -113,8 +116,15 @@ class Fence {
   // the Fence lives, so callers may keep the pointer.
   FenceResource* find(const std::string& resource) { return find_or_create(resource); }
 
-  // REQUIRES: node was linked by admit(). Safe to call more than once.
+  // REQUIRES: node was linked by admit() or track_observed(). Safe to call more than once.
   void release(InflightNode* node);
+
+  // Observe mode: registers a write about to be forwarded (whatever its token) until release().
+  // Nothing waits for it in observe mode; but after a switch to enforce no enforce write is
+  // admitted, and no advance committed, while such a write is still in flight: the first enforce
+  // decision drains them like older writes (aborted after the drain timeout). No-op for nullptr
+  // (a resource over max_resources, untracked).
+  void track_observed(FenceResource* r, InflightNode* node);
 
   // Observe mode: never rejects and never drains. A higher generation is stored durably before
   // the decision (so switching to enforce later starts from it). Same now/later contract as admit.
@@ -143,6 +153,7 @@ class Fence {
   FenceResource* find_or_create(const std::string& resource);  // nullptr iff over the cap
   struct After;  // work to run once a resource's lock is released
   void start_advance(FenceResource* r, After& after);
+  void proceed(FenceResource* r, After& after);
   void begin_commit(FenceResource* r, After& after);
   void run(After& after);
   void on_committed(FenceResource* r, std::int64_t target, store::Status st);

@@ -870,6 +870,7 @@ class Session {
                      std::shared_ptr<Exchange> ex, const FenceMarks& marks);
   std::unique_ptr<UpConn> pooled_upstream(const config::Route& route);
   task<std::size_t> read_promptly(UpConn& up, boost::system::error_code& ec);
+  void arm_abort(Exchange& x);
   template <class Buffers>
   task<bool> send_request(UpConn& up, Buffers& bufs, boost::system::error_code& ec);
   bool answered_early(UpConn& up);
@@ -1474,34 +1475,7 @@ task<bool> Session::handle(std::size_t head_len) {
       marks.observe = "would_reject_" + suffix;
     } else {
       Decision d;
-      if (enforce) {
-        // Set before the node can be linked: a newer generation's drain timeout may call it as
-        // soon as it is. It captures a plain pointer (no allocation); the Exchange outlives any
-        // call, since its destructor unlinks the node under the lock the fence calls it under.
-        ex->ioc = &w_.ioc;
-        ex->client = &client_;
-        ex->node.abort = [e = ex.get()] {
-          net::post(*e->ioc, [weak = e->weak_from_this()] {
-            if (auto e = weak.lock()) {
-              e->aborted = true;
-              if (e->up) {
-                boost::system::error_code ec;
-                e->up->sock.shutdown(tcp::socket::shutdown_both, ec);
-                e->up->sock.close(ec);
-                // Nothing more of this exchange can reach the upstream now, so the newer
-                // generation goes on at once rather than when this session next wakes (its
-                // client may stall a body or not read the response for body_timeout). And the
-                // session is woken: a client read or write it waits in ends, and its client
-                // gets the 504 of an aborted exchange rather than a 408 later.
-                e->release();
-                e->client->cancel(ec);
-              }
-              // (Without an upstream connection the session holds none yet: it sees `aborted`
-              // before it connects or sends, and releases then.)
-            }
-          });
-        };
-      }
+      if (enforce) arm_abort(*ex);
       // Most writes are decided at once (the fast path, or stale); only an advance waits.
       if (!rt_.fence.decide_now(w_.fence_resource(rt_.fence, m.resource), g, enforce ? &ex->node : nullptr, &d)) {
         auto slot = std::make_shared<Slot<Decision>>(w_);
@@ -1583,8 +1557,43 @@ task<bool> Session::handle(std::size_t head_len) {
   }
 
 
+  // Observe mode: the write is in flight until its exchange ends, so that a switch to enforce
+  // drains it before the first enforce write goes (Fence::track_observed).
+  if (fenced && route.mode == Mode::observe) {
+    arm_abort(*ex);
+    rt_.fence.track_observed(w_.fence_resource(rt_.fence, m.resource), &ex->node);
+  }
   co_return co_await forward(head, fr, head_len, route, m.resource, client_keep_alive, expect_continue, std::move(ex),
                              marks);
+}
+
+// Set before the exchange's node can be linked: a newer generation's drain timeout may call it as
+// soon as it is. It captures a plain pointer (no allocation); the Exchange outlives any call,
+// since its destructor unlinks the node under the lock the fence calls it under.
+void Session::arm_abort(Exchange& x) {
+  x.ioc = &w_.ioc;
+  x.client = &client_;
+  x.node.abort = [e = &x] {
+    net::post(*e->ioc, [weak = e->weak_from_this()] {
+      if (auto e = weak.lock()) {
+        e->aborted = true;
+        if (e->up) {
+          boost::system::error_code ec;
+          e->up->sock.shutdown(tcp::socket::shutdown_both, ec);
+          e->up->sock.close(ec);
+          // Nothing more of this exchange can reach the upstream now, so the newer generation
+          // goes on at once rather than when this session next wakes (its client may stall a
+          // body or not read the response for body_timeout). And the session is woken: a
+          // client read or write it waits in ends, and its client gets the 504 of an aborted
+          // exchange rather than a 408 later.
+          e->release();
+          e->client->cancel(ec);
+        }
+        // (Without an upstream connection the session holds none yet: it sees `aborted` before
+        // it connects or sends, and releases then.)
+      }
+    });
+  };
 }
 
 // The first read of an upstream answer for a request that already waited on another thread

@@ -4,6 +4,7 @@
 // rejects one.
 #include <map>
 #include <set>
+#include <thread>
 
 #include "tests/integration/ops_harness.h"
 
@@ -57,6 +58,59 @@ TEST_CASE("reload: POST /v1/config/reload switches observe to enforce for new re
   for (const auto& rec : up.requests()) CHECK(rec.target != "/after");
   auto ss = parse_prometheus(metrics_text(admin));
   CHECK(sample(ss, "fencegate_config_reloads_total", {{"result", "ok"}}) == std::optional<double>(1));
+}
+
+// The old leader's write, forwarded under observe mode and still at the upstream when the route
+// turns to enforce, is drained like an older enforce write: the new leader's fence barrier and
+// write wait for it, so the two exchanges never overlap at the upstream.
+TEST_CASE("reload: writes still in flight from observe mode are drained before the first enforce write or fence") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    return r.target == "/slow" ? UpstreamAction::delayed(1200) : UpstreamAction{};
+  });
+  Proxy px(observe_spec(up));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  REQUIRE(is_2xx(request(px.port(), "POST", "/first", token(5))));
+
+  for (bool barrier : {false, true}) {
+    CAPTURE(barrier);
+    const std::int64_t next = barrier ? 7 : 6;
+    if (barrier) {
+      set_mode(px, "observe");
+      REQUIRE(reload(admin).code() == 200);
+    }
+    const std::size_t before = up.requests().size();
+    ReadResult slow;
+    std::thread old_leader([&] { slow = request(px.port(), "POST", "/slow", token(next - 1), "x", 15s); });
+    REQUIRE(up.wait_for_count(before + 1, 5s));  // the old leader's write is at the upstream
+    set_mode(px, "enforce");
+    REQUIRE(reload(admin).code() == 200);
+    const auto t0 = Clock::now();
+    if (barrier) {
+      auto f = request(admin, "POST", "/v1/resources/ledger/fence", token(next), {}, 15s);
+      INFO(describe(f));
+      CHECK(f.code() == 200);
+      CHECK(Clock::now() - t0 > 500ms);  // it waited for the write in flight
+    }
+    auto w = request(px.port(), "POST", "/new", token(next), "y", 15s);
+    old_leader.join();
+    INFO(describe(slow), " / ", describe(w));
+    CHECK(is_2xx(slow));  // started under observe: forwarded, and not cut short
+    CHECK(is_2xx(w));
+    auto reqs = up.requests();
+    const RecordedRequest* old_rec = nullptr;
+    const RecordedRequest* new_rec = nullptr;
+    for (const auto& r : reqs) {
+      if (r.index < before) continue;
+      if (r.target == "/slow") old_rec = &r;
+      if (r.target == "/new") new_rec = &r;
+    }
+    REQUIRE(old_rec != nullptr);
+    REQUIRE(new_rec != nullptr);
+    REQUIRE(old_rec->outcome != Outcome::pending);
+    CHECK(new_rec->arrival >= old_rec->completion);  // no overlap at the upstream
+  }
 }
 
 TEST_CASE("reload: a new config applies to the next request on an already open keep-alive connection") {

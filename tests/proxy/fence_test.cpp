@@ -719,6 +719,89 @@ TEST_CASE("fence: observe mode never rejects, and stores a higher generation bef
   }
 }
 
+TEST_CASE("fence: writes forwarded under observe are drained by the first enforce decisions after a switch") {
+  ManualStore s;
+  Fence f(s, 10s, kManyResources);
+  establish(f, s, "r", 5);
+  // Two writes forwarded in observe mode, still in flight when the route turns to enforce: one
+  // of the stored generation, one with no valid token at all.
+  InflightNode obs5, obs_untokened;
+  f.track_observed(f.find("r"), &obs5);
+  f.track_observed(f.find("r"), &obs_untokened);
+  f.track_observed(nullptr, &obs_untokened);  // an untracked resource: no-op
+  CHECK(f.snapshot()[0].inflight == 2);
+
+  // An enforce write of the stored generation waits for them (no fast path), so does a newer one.
+  Decision now;
+  InflightNode e5;
+  CHECK_FALSE(f.decide_now(f.find("r"), 5, &e5, &now));
+  Later l5 = admit_later(f, "r", 5, &e5);
+  InflightNode e6;
+  Later l6 = admit_later(f, "r", 6, &e6);  // newer: the parked 5 is stale at once
+  REQUIRE(l5.wait(1s));
+  CHECK(l5.get().verdict == Verdict::stale);
+  CHECK(s.pending() == 0);  // nothing committed while observe writes are in flight
+  f.release(&obs5);
+  CHECK(s.pending() == 0);
+  CHECK_FALSE(l6.called());
+  f.release(&obs_untokened);
+  REQUIRE(s.pending() == 1);
+  s.complete();
+  CHECK(l6.get().verdict == Verdict::admit);
+  CHECK(l6.get().current == 6);
+  f.release(&e6);
+
+  // Of the stored generation only: a drain without a commit, then the write goes.
+  InflightNode obs6;
+  f.track_observed(f.find("r"), &obs6);
+  InflightNode e6b;
+  Later l6b = admit_later(f, "r", 6, &e6b);
+  CHECK_FALSE(l6b.called());
+  f.release(&obs6);
+  CHECK(s.pending() == 0);
+  CHECK(l6b.get().verdict == Verdict::admit);
+  CHECK(l6b.get().current == 6);
+  // And the fast path is back.
+  InflightNode e6c;
+  CHECK(admit_now(f, "r", 6, &e6c).verdict == Verdict::admit);
+  f.release(&e6b);
+  f.release(&e6c);
+  CHECK(f.stats().drain_aborts == 0);
+}
+
+TEST_CASE("fence: a write forwarded under observe that outlasts the drain timeout is aborted") {
+  ManualStore s;
+  Fence f(s, 100ms, kManyResources);
+  establish(f, s, "r", 5);
+  std::atomic<int> obs_aborts{0}, same_gen_aborts{0};
+  InflightNode obs;
+  obs.abort = [&] { obs_aborts.fetch_add(1); };
+  f.track_observed(f.find("r"), &obs);
+  // A write of the stored generation admitted before the observe write was tracked (the order
+  // of a switch's first moments) is of the generation that will be admitted: never aborted.
+  InflightNode e5;
+  e5.abort = [&] { same_gen_aborts.fetch_add(1); };
+  {
+    f.release(&obs);
+    REQUIRE(admit_now(f, "r", 5, &e5).verdict == Verdict::admit);
+    f.track_observed(f.find("r"), &obs);
+  }
+  InflightNode e5b;
+  Later l = admit_later(f, "r", 5, &e5b);
+  CHECK(wait_for_drain_aborts(f, 1) == 1);
+  CHECK(f.current("r") == 5);
+  CHECK(obs.aborted);
+  CHECK(obs_aborts.load() == 1);
+  CHECK_FALSE(e5.aborted);
+  CHECK(same_gen_aborts.load() == 0);
+  CHECK_FALSE(l.called());  // aborting is not releasing
+  f.release(&obs);
+  CHECK(l.get().verdict == Verdict::admit);
+  CHECK(s.pending() == 0);
+  f.release(&e5);
+  f.release(&e5b);
+}
+
 TEST_CASE("fence: observe with the real store: the generation is durable when `later` runs") {
   TempDir tmp;
   auto store = must_open(tmp.db());
