@@ -201,7 +201,8 @@ std::string unfenced_query_sql(unsigned mask) {
   return sql;
 }
 
-int clamp_limit(int limit) { return limit < 1 ? 1 : (limit > 1000 ? 1000 : limit); }
+// A page is at most 1000 rows; a caller asks for one more to learn whether another page exists.
+int clamp_limit(int limit) { return limit < 1 ? 1 : (limit > 1001 ? 1001 : limit); }
 
 // One read connection and its prepared statements. Guarded by the owner's mutex.
 class Reader {

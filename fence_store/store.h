@@ -126,7 +126,7 @@ class Store {
   // Callers still writing without a valid token: audit rows whose decision is rejected_missing,
   // rejected_malformed, would_reject_missing or would_reject_malformed, optionally only for
   // `resource` ("" = any) and with time_ms >= since_ms (0 = any time), grouped by (resource,
-  // client, user_agent, leader), most recently seen first. limit is clamped to 1..1000.
+  // client, user_agent, leader), most recently seen first. limit is clamped to 1..1001.
   // Thread-safe; uses the read connection (works on read-only stores).
   virtual std::vector<UnfencedGroup> query_unfenced(const std::string& resource, std::int64_t since_ms,
                                                     int limit, Status* status) = 0;

@@ -34,6 +34,10 @@ namespace {
 constexpr std::size_t kMaxAdminHead = 16 * 1024;
 constexpr std::size_t kMaxAdminBody = 64 * 1024;
 constexpr auto kAdminIdle = std::chrono::seconds(30);
+// Admin connections open at once; more are closed at accept. Probes, scrapes and the CLI need a
+// few: the cap keeps clients that connect and stall (before any token is checked) from taking
+// the file descriptors the data path needs.
+constexpr std::size_t kMaxAdminConnections = 64;
 
 struct Reply {
   unsigned status = 200;
@@ -141,9 +145,18 @@ bool valid_resource_name(std::string_view r) {
   return true;
 }
 
+// The mode the data path fences `resource` in: a route that names it literally owns it (it may sit
+// beside a template route in another mode: one tenant goes first); else a fencing route whose
+// template can make it (config validation makes them agree). `off` routes never fence: only
+// when no other route can make the name is it "off".
 std::string mode_of(const config::Config& cfg, std::string_view resource) {
   for (const auto& r : cfg.routes)
-    if (resource_matches_template(r.resource, resource)) return std::string(config::to_string(r.mode));
+    if (r.mode != config::Mode::off && r.resource == resource) return std::string(config::to_string(r.mode));
+  for (const auto& r : cfg.routes)
+    if (r.mode != config::Mode::off && resource_matches_template(r.resource, resource))
+      return std::string(config::to_string(r.mode));
+  for (const auto& r : cfg.routes)
+    if (resource_matches_template(r.resource, resource)) return "off";
   return "unrouted";
 }
 
@@ -274,9 +287,23 @@ class Admin final : public AdminServer {
         if (!acceptor.is_open()) co_return;
         continue;
       }
+      if (sessions >= kMaxAdminConnections) {
+        if (!over_cap_logged)
+          log::warn("admin API: too many connections open; closing new ones until some end",
+                    {log::kv("max", kMaxAdminConnections)});
+        over_cap_logged = true;
+        s.close(ec);
+        continue;
+      }
+      over_cap_logged = false;
+      ++sessions;
       net::co_spawn(
           ioc,
           [this, s = std::move(s)]() mutable -> awaitable<void> {
+            struct Count {
+              std::size_t& n;
+              ~Count() { --n; }
+            } count{sessions};
             AdminSession session(*this, std::move(s));
             co_await session.run();
           },
@@ -301,6 +328,8 @@ class Admin final : public AdminServer {
   Runtime& rt;
   net::io_context ioc{1};
   tcp::acceptor acceptor;
+  std::size_t sessions = 0;      // open admin connections (ioc's thread only)
+  bool over_cap_logged = false;  // the last refusal at the cap was logged
   net::signal_set signals;
   std::thread thread;
   // Store reads (audit queries, resource listings), one at a time, off the thread that answers
@@ -368,7 +397,15 @@ awaitable<void> AdminSession::run() {
       while (buf_.size() < head_len + body_len) {
         char tmp[4096];
         boost::system::error_code ec;
+        deadline.expires_after(kAdminIdle);  // a body that stops coming is bounded like a head
+        deadline.async_wait([this](boost::system::error_code e) {
+          if (!e) {
+            boost::system::error_code ig;
+            sock_.close(ig);
+          }
+        });
         std::size_t n = co_await sock_.async_read_some(net::buffer(tmp), net::redirect_error(use_awaitable, ec));
+        deadline.cancel();
         if (ec) co_return;
         buf_.append(tmp, n);
       }
@@ -800,6 +837,9 @@ Reply AdminSession::audit(const std::map<std::string, std::string>& q) {
       !parse_int_param(q, "limit", 1, 1000, &limit, &err) ||
       !parse_int_param(q, "cursor", 1, INT64_MAX, &cursor, &err))
     return problem(400, "bad-query", "Bad request", err);
+  // until is exclusive, and 0 means "no bound" to the store: an until at or before the epoch
+  // matches nothing, so it becomes the earliest bound that does the same.
+  if (q.count("until") && aq.until_ms <= 0) aq.until_ms = 1;
   aq.before_id = cursor;
   aq.limit = static_cast<int>(limit) + 1;  // one more tells whether another page exists
   store::Status st = store::Status::OK();

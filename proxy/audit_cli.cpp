@@ -382,6 +382,7 @@ int parse_args(const std::vector<std::string>& args, Options* opts) {
     return usage_error("--since \"" + *since + "\": " + why);
   if (until && !parse_time(*until, now, &opts->query.until_ms, &why))
     return usage_error("--until \"" + *until + "\": " + why);
+  if (until && opts->query.until_ms <= 0) opts->query.until_ms = 1;  // 0 would mean no bound
   if (since && until && opts->query.since_ms >= opts->query.until_ms)
     return usage_error("--since " + format_time(opts->query.since_ms) + " is not before --until " +
                        format_time(opts->query.until_ms) + ": nothing could match");

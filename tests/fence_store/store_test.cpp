@@ -530,15 +530,15 @@ TEST_CASE("audit queries: filters, newest first, cursor pagination, limit clamp,
   CHECK(std::set<std::int64_t>(ids.begin(), ids.end()).size() == 20);
   for (std::size_t i = 1; i < ids.size(); ++i) CHECK(ids[i - 1] > ids[i]);
 
-  // Limits are clamped to 1..1000.
+  // Limits are clamped to 1..1001 (a page of 1000 and the row that says another page exists).
   Status st = Status::OK();
   CHECK(s->query_audit(Q().lim(0), &st).size() == 1);
   CHECK(s->query_audit(Q().lim(-5), &st).size() == 1);
   for (int i = 0; i < 1100; ++i) s->append_audit(row("bulk", "bulk"), {});
   REQUIRE(audit_sync(*s, row("bulk", "bulk")).ok());
-  CHECK(s->query_audit(Q().lim(100000), &st).size() == 1000);
+  CHECK(s->query_audit(Q().lim(100000), &st).size() == 1001);
   CHECK(st.ok());
-  CHECK(s->query_audit(Q().lim(100000), nullptr).size() == 1000);
+  CHECK(s->query_audit(Q().lim(100000), nullptr).size() == 1001);
 }
 
 TEST_CASE("after_id: rows after the cursor, oldest first, with filters and limit") {
@@ -644,7 +644,7 @@ TEST_CASE("query_unfenced groups missing/malformed tokens by caller, most recent
   CHECK(s->query_unfenced("nobody", 0, 100, &st).empty());
   CHECK(st.ok());
 
-  // The limit is clamped to 1..1000.
+  // The limit is clamped to 1..1001.
   CHECK(s->query_unfenced("", 0, 2, &st).size() == 2);
   CHECK(s->query_unfenced("", 0, 0, &st).size() == 1);
   CHECK(s->query_unfenced("", 0, -3, nullptr).size() == 1);

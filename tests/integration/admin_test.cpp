@@ -684,6 +684,84 @@ TEST_CASE("admin: 405 says what is allowed; a fence leader with control characte
   CHECK(big.code() == 431);
 }
 
+TEST_CASE("admin: a page of the largest size still says another exists; until at the epoch matches nothing") {
+  RecordingUpstream up;
+  Proxy px(config_spec(two_route_config(up)));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  // 1001 observe-mode writes without a token from 1001 User-Agents: 1001 rows, 1001 callers.
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  for (int i = 0; i < 1001; ++i) REQUIRE(is_2xx(c.request("POST", "/obs/x", {{"User-Agent", "ua-" + std::to_string(i)}})));
+  json page;
+  for (int i = 0; i < 100; ++i) {  // observe rows are committed in the background
+    page = admin_json(admin, "/v1/audit?limit=1000");
+    if (page.contains("next_cursor")) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  CHECK(page["rows"].size() == 1000);
+  REQUIRE(page.contains("next_cursor"));
+  json rest = admin_json(admin, "/v1/audit?limit=1000&cursor=" + page["next_cursor"].get<std::string>());
+  CHECK(rest["rows"].size() == 1);
+  CHECK_FALSE(rest.contains("next_cursor"));
+  json callers = admin_json(admin, "/v1/audit/unfenced?limit=1000");
+  CHECK(callers["callers"].size() == 1000);
+  CHECK(callers["truncated"] == true);
+  // until is exclusive: nothing is older than the epoch.
+  CHECK(admin_json(admin, "/v1/audit?until=0")["rows"].empty());
+  CHECK(admin_json(admin, "/v1/audit?until=1970-01-01T00:00:00Z")["rows"].empty());
+}
+
+TEST_CASE("admin: /v1/resources gives the mode the data path fences a resource in") {
+  RecordingUpstream up;
+  // One tenant goes first (its literal route, listed after the template), and an `off` route
+  // for static files that names the default resource too.
+  Proxy px(config_spec(config_with_routes({route("/tenants/{t}/", up.url(), "tenant-{t}", "observe"),
+                                           route("/tenants/acme/", up.url(), "tenant-acme", "enforce"),
+                                           route("/static/", up.url(), "default", "off"),
+                                           route("/", up.url(), "default", "enforce")})));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  REQUIRE(is_2xx(request(px.port(), "POST", "/tenants/acme/x", token(3))));
+  REQUIRE(is_2xx(request(px.port(), "POST", "/tenants/bob/x", token(3))));
+  REQUIRE(is_2xx(request(px.port(), "POST", "/x", token(3))));
+  CHECK(request(px.port(), "POST", "/tenants/acme/x", token(2)).code() == 409);  // enforced
+  CHECK(admin_json(admin, "/v1/resources/tenant-acme")["mode"] == "enforce");
+  CHECK(admin_json(admin, "/v1/resources/tenant-bob")["mode"] == "observe");
+  CHECK(admin_json(admin, "/v1/resources/default")["mode"] == "enforce");
+}
+
+TEST_CASE("admin: clients that connect and stall (a body that never comes) cannot take the data path's descriptors") {
+  RecordingUpstream up;
+  Proxy px(config_spec(two_route_config(up)));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  // Each sends a head promising a body, then nothing (before any token could be checked).
+  std::vector<HttpClient> stalled(70);
+  for (auto& c : stalled) {
+    REQUIRE(c.connect(admin));
+    REQUIRE(c.send("POST /v1/config/reload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\n"));
+  }
+  // Those over the cap (64) are closed at once; the data path and the sidecar carry on.
+  std::size_t closed = 0;
+  for (auto& c : stalled) closed += c.wait_closed(50ms) ? 1 : 0;
+  CHECK(closed == 6);
+  CHECK(is_2xx(request(px.port(), "POST", "/adv", token(1))));
+  CHECK(request(admin, "GET", "/healthz").code() == 0);  // the cap holds for probes too, while it is full
+  for (auto& c : stalled) c.close();
+  // Once they are gone, the admin API answers again.
+  bool back = false;
+  for (int i = 0; i < 50 && !back; ++i) {
+    back = request(admin, "GET", "/healthz", {}, {}, 1s).code() == 200;
+    if (!back) std::this_thread::sleep_for(20ms);
+  }
+  CHECK(back);
+  CHECK(px.log().find("too many connections open") != std::string::npos);
+}
+
 }  // TEST_SUITE admin_auth
 
 TEST_SUITE("admin_cli") {
