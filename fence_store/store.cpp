@@ -58,6 +58,8 @@ std::string exec(sqlite3* db, const char* sql) {
 }
 
 // Returns false and sets *msg if the pragma/query failed; else *out = first column of first row.
+std::string write_probe(sqlite3* db);  // below
+
 bool query_int(sqlite3* db, const char* sql, std::int64_t* out, std::string* msg) {
   sqlite3_stmt* st = nullptr;
   if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK) {
@@ -353,6 +355,12 @@ class OwnedStore final : public Store {
     for (std::size_t i = 0; i < std::size(sqls); ++i)
       if (sqlite3_prepare_v3(wdb_, sqls[i], -1, SQLITE_PREPARE_PERSISTENT, outs[i], nullptr) != SQLITE_OK)
         return "cannot prepare statements on database " + path_ + ": " + sqlite3_errmsg(wdb_);
+    struct stat w {};
+    if (::stat((path_ + "-wal").c_str(), &w) == 0) {
+      wal_known_ = true;
+      wal_dev_ = w.st_dev;
+      wal_ino_ = w.st_ino;
+    }
     thread_ = std::thread([this] { run(); });
     return {};
   }
@@ -477,10 +485,8 @@ class OwnedStore final : public Store {
         if (!prune_more && !wake()) {
           if (!retry_.empty())  // rows of a failed batch: try them again soon, even if idle
             cv_.wait_for(lk, kRetryInterval, wake);
-          else if (max_age_ms_ > 0 || max_rows_ > 0)
-            cv_.wait_for(lk, kPruneIdleInterval, wake);
-          else
-            cv_.wait(lk, wake);
+          else  // retention, and the health check, also run when idle
+            cv_.wait_for(lk, std::min<std::chrono::milliseconds>(kPruneIdleInterval, kHealthInterval), wake);
         }
         if (queue_.empty() && stopping_) {  // stopping and drained: rows still to retry get one last try
           if (retry_.empty() || last_try) {
@@ -499,6 +505,7 @@ class OwnedStore final : public Store {
         retention_changed_ = false;
       }
       if (!batch.empty()) run_batch(batch);
+      else health_tick();
       if (retention.max_age_ms <= 0 && retention.max_rows == 0) {
         prune_more = prune_now = false;
         continue;
@@ -524,6 +531,8 @@ class OwnedStore final : public Store {
     const auto t0 = std::chrono::steady_clock::now();
     Status s = commit(batch);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    failing_ = !s.ok();
+    last_health_ = std::chrono::steady_clock::now();  // a commit is as good as a check
     if (s.ok()) {
       commits_.fetch_add(1);
       if (audit_rows_ >= 0)
@@ -630,6 +639,7 @@ class OwnedStore final : public Store {
 
   // One transaction for the whole batch.
   Status commit(std::vector<Item>& batch) {
+    if (Status f = check_files(); !f.ok()) return f;
     std::string err;
     if (!step(begin_, &err)) return Status::Error("store commit failed on " + path_ + ": " + err);
     const std::int64_t now = now_ms();
@@ -674,6 +684,88 @@ class OwnedStore final : public Store {
     }
     return Status::Error("store commit failed on " + path_ + ": " + err);
   }
+
+  // Whether the database and its write-ahead log are still the files at their paths. Deleted or
+  // replaced while open (a cleanup script, an operator), commits would go on into files a
+  // restart never reads: the fence would start from 0. On the first sign, what the connection
+  // still sees is put back where a restart reads it (a complete copy of a deleted database, or
+  // a checkpoint of a deleted log into the database), and no further commit is made until a
+  // restart: fenced writes that need one fail closed. Store thread only.
+  Status check_files() {
+    if (files_lost_) return Status::Error(lost_why_);
+    struct stat a {}, b {};
+    const bool db_ok = ::fstat(db_lock_fd_, &a) == 0 && a.st_nlink > 0 && ::stat(path_.c_str(), &b) == 0 &&
+                       a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+    const std::string wal = path_ + "-wal";
+    struct stat w {};
+    bool wal_ok = true;
+    if (::stat(wal.c_str(), &w) == 0) {
+      if (!wal_known_) {
+        wal_known_ = true;
+        wal_dev_ = w.st_dev;
+        wal_ino_ = w.st_ino;
+      }
+      wal_ok = w.st_dev == wal_dev_ && w.st_ino == wal_ino_;
+    } else {
+      wal_ok = !wal_known_;
+    }
+    if (db_ok && wal_ok) return Status::OK();
+    files_lost_ = true;
+    std::string rescue;
+    if (!db_ok) {
+      struct stat now {};
+      if (::stat(path_.c_str(), &now) != 0 && errno == ENOENT) {
+        std::string quoted;
+        for (char c : path_) quoted += c == '\'' ? std::string("''") : std::string(1, c);
+        const std::string e = exec(wdb_, ("VACUUM INTO '" + quoted + "'").c_str());
+        rescue = e.empty() ? "a complete copy of it was written back to " + path_
+                           : "writing a copy back to " + path_ + " failed (" + e + ")";
+      } else {
+        rescue = "another file is at " + path_ + " now and was left alone";
+      }
+    } else {
+      const std::string e = exec(wdb_, "PRAGMA wal_checkpoint(TRUNCATE)");
+      rescue = e.empty() ? "its commits were checkpointed into " + path_ : "checkpointing its commits failed (" + e + ")";
+    }
+    lost_why_ = (db_ok ? "write-ahead log " + wal : "database file " + path_) +
+                " was deleted or replaced while fencegate had it open; " + rescue +
+                "; no further commits until fencegate is restarted";
+    return Status::Error(lost_why_);
+  }
+
+  // Idle: checks the files, and after a failed commit tries a write that changes nothing, so
+  // that health (readiness) follows the store without waiting for a fenced write to commit.
+  void health_tick() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_health_ < kHealthInterval) return;
+    last_health_ = now;
+    Status s = check_files();
+    if (s.ok() && failing_) {
+      if (std::string e = write_probe(wdb_); !e.empty()) s = Status::Error("store commit failed on " + path_ + ": " + e);
+    }
+    if (s.ok() && !failing_) return;  // healthy and known to be
+    failing_ = !s.ok();
+    std::shared_ptr<const CommitObserver> obs;
+    {
+      std::lock_guard lk(observer_mu_);
+      obs = observer_;
+    }
+    if (obs) {
+      try {
+        (*obs)(0.0, 0, s);  // no rows: a check, not a commit
+      } catch (...) {
+      }
+    }
+  }
+
+  static constexpr std::chrono::milliseconds kHealthInterval{1000};
+  bool failing_ = false;     // the last commit or check failed (store thread only)
+  bool files_lost_ = false;  // check_files() found them gone: no more commits (store thread only)
+  std::string lost_why_;
+  bool wal_known_ = false;
+  dev_t wal_dev_ = 0;
+  ino_t wal_ino_ = 0;
+  std::chrono::steady_clock::time_point last_health_{};
 
   // Fire-and-forget audit rows whose batch failed, for the next one (store thread only).
   static constexpr std::size_t kMaxRetryRows = 10000;
@@ -862,6 +954,19 @@ void size_wal(sqlite3* db, const std::string& path) {
   exec(db, ("PRAGMA cache_size = " + std::to_string(cache)).c_str());
 }
 
+// A real write transaction that changes nothing: the schema version rewritten as it is (page 1
+// is written and synced). Returns "" or SQLite's error.
+std::string write_probe(sqlite3* db) {
+  std::int64_t v = 0;
+  std::string msg;
+  if (!query_int(db, "PRAGMA user_version", &v, &msg)) return msg;
+  if (auto e = exec(db, "BEGIN IMMEDIATE"); !e.empty()) return e;
+  std::string e = exec(db, ("PRAGMA user_version = " + std::to_string(v)).c_str());
+  if (e.empty()) e = exec(db, "COMMIT");
+  if (!e.empty() && !sqlite3_get_autocommit(db)) exec(db, "ROLLBACK");
+  return e;
+}
+
 // Sets up the writer connection: WAL, synchronous=FULL, schema. Returns "" or an error.
 std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (auto e = probe(db, path); !e.empty()) return e;
@@ -907,6 +1012,17 @@ std::unique_ptr<Store> Store::open(const std::string& given, std::string* error)
     *error = e;
     return nullptr;
   }
+  // A log without its database holds commits of a database that is gone (deleted while running,
+  // or a bad restore): SQLite would discard it and start an empty fence, generation 0 everywhere.
+  {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 && errno == ENOENT && ::stat((path + "-wal").c_str(), &st) == 0) {
+      *error = "database " + path + " does not exist but its write-ahead log " + path +
+               "-wal does: it holds commits of a database that is gone. Restore the database (see the README's "
+               "backups), or remove the -wal file deliberately to start an empty fence";
+      return nullptr;
+    }
+  }
   int db_fd = -1;
   int fd = take_lock(path, error, &db_fd);
   if (fd < 0) return nullptr;
@@ -921,6 +1037,14 @@ std::unique_ptr<Store> Store::open(const std::string& given, std::string* error)
   }
   if (auto e = prepare_writer(wdb, path); !e.empty()) {
     *error = e;
+    sqlite3_close_v2(wdb);
+    unlock();
+    return nullptr;
+  }
+  // One real commit before serving: a database whose log or shared-memory file cannot be written
+  // (permissions, a full disk) would otherwise report ready and fail every commit.
+  if (auto e = write_probe(wdb); !e.empty()) {
+    *error = "cannot commit to database " + path + ": " + e;
     sqlite3_close_v2(wdb);
     unlock();
     return nullptr;

@@ -143,8 +143,11 @@ class Store {
   // Called on the store thread after each batch's transaction, before the batch's completions,
   // with the seconds the transaction took (BEGIN to COMMIT, including the fsync), the number of
   // items in the batch and how it ended (OK, or the error with SQLite's reason). Prune
-  // transactions are not reported. Must be quick and must not call into the Store. An empty
-  // function removes the observer. No-op on a read-only store.
+  // transactions are not reported. Also called, with 0 items, by the store's health check: about
+  // once a second while idle, when something is wrong (the database or its log was deleted or
+  // replaced under it: then no further commits are made until a restart) or when, after a failed
+  // commit, a write that changes nothing succeeds again. Must be quick and must not call into the
+  // Store. An empty function removes the observer. No-op on a read-only store.
   using CommitObserver = std::function<void(double seconds, std::size_t items, const Status& result)>;
   virtual void set_commit_observer(CommitObserver observer) = 0;
 

@@ -2290,9 +2290,11 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   Authorities authorities(rt);
   authorities.start(*cfg);
   fence->set_drain_observer([&metrics](double s) { metrics.drain_wait.observe(s); });
-  store->set_commit_observer([&metrics, &rt](double s, std::size_t, const store::Status& result) {
-    metrics.store_commit.observe(s);
-    if (!result.ok()) metrics.store_commit_failures.fetch_add(1, std::memory_order_relaxed);
+  store->set_commit_observer([&metrics, &rt](double s, std::size_t rows, const store::Status& result) {
+    if (rows) {  // 0 rows: the store's idle health check, not a commit
+      metrics.store_commit.observe(s);
+      if (!result.ok()) metrics.store_commit_failures.fetch_add(1, std::memory_order_relaxed);
+    }
     rt.store_result(result.ok(), result.ok() ? std::string() : "the last store commit failed: " + result.message());
   });
   ServerState st(rt);

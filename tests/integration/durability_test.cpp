@@ -1,8 +1,12 @@
 // Durability and process life: kill -9 and restart on the same port and database, crash in the
 // middle of a burst, one owner per database, clean SIGTERM/SIGINT, store failure fails closed.
-#include "tests/integration/harness.h"
+#include "tests/integration/ops_harness.h"
+
+#include <sys/resource.h>
 
 #include <atomic>
+#include <filesystem>
+#include <thread>
 #include <map>
 #include <mutex>
 #include <set>
@@ -217,6 +221,82 @@ TEST_CASE("durability: store failure (file size limit) answers 503 and forwards 
   }
   for (const auto& r : up.requests()) CHECK(r.target.rfind("/again/", 0) != 0);
   CHECK(px.running());
+}
+
+TEST_CASE("durability: readiness follows the store back without waiting for a fenced write") {
+  RecordingUpstream up;
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.fsize_limit = 512 * 1024;
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  bool failed = false;
+  for (std::int64_t g = 1; g <= 4000 && !failed; ++g) failed = c.request("POST", "/adv", token(g), "", 15s).code() == 503;
+  REQUIRE(failed);
+  CHECK(request(admin, "GET", "/readyz").code() == 503);
+  // The disk has room again. No write comes (an unready pod gets no traffic): the store's own
+  // check finds it writable and readiness returns.
+  rlimit unlimited{RLIM_INFINITY, RLIM_INFINITY};
+  REQUIRE(::prlimit(px.process().pid(), RLIMIT_FSIZE, &unlimited, nullptr) == 0);
+  bool ready = false;
+  for (int i = 0; i < 60 && !ready; ++i) {
+    ready = request(admin, "GET", "/readyz").code() == 200;
+    if (!ready) std::this_thread::sleep_for(100ms);
+  }
+  CHECK(ready);
+  CHECK(px.log().find("commits succeed again") != std::string::npos);
+}
+
+TEST_CASE("durability: a database deleted under a running sidecar fails closed, and its state survives a restart") {
+  RecordingUpstream up;
+  ProxySpec spec;
+  spec.upstream = up.url();
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  REQUIRE(is_2xx(request(px.port(), "POST", "/five", token(5))));
+  check_problem(request(px.port(), "POST", "/stale", token(4)), 409, "default", 4, 5);
+  REQUIRE(std::filesystem::remove(px.db()));  // a cleanup script, an operator
+  // Nothing more is committed to a file no restart would read: fail closed, and say why.
+  auto nine = request(px.port(), "POST", "/nine", token(9));
+  CHECK(nine.code() == 503);
+  auto rz = request(admin, "GET", "/readyz");
+  CHECK(rz.code() == 503);
+  CHECK(rz.response.body.find("deleted or replaced") != std::string::npos);
+  for (const auto& r : up.requests()) CHECK(r.target != "/nine");
+  // What the sidecar had was written back: after kill -9 and a restart the fence is where it was.
+  CHECK(std::filesystem::exists(px.db()));
+  px.kill9();
+  REQUIRE_MESSAGE(px.start(), px.log_for_failure());
+  check_problem(request(px.port(), "POST", "/stale-again", token(4)), 409, "default", 4, 5);
+  CHECK(is_2xx(request(px.port(), "POST", "/five-again", token(5))));
+  px.stop();
+  bool found = false;
+  for (const auto& r : read_audit(px.db())) found = found || r.target == "/stale";
+  CHECK(found);
+}
+
+TEST_CASE("durability: a write-ahead log without its database refuses to start (exit 1)") {
+  RecordingUpstream up;
+  ProxySpec spec;
+  spec.upstream = up.url();
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  REQUIRE(is_2xx(request(px.port(), "POST", "/five", token(5))));
+  px.kill9();  // the -wal holds the commit
+  REQUIRE(std::filesystem::exists(px.db() + "-wal"));
+  REQUIRE(std::filesystem::remove(px.db()));
+  CHECK_FALSE(px.start(3s));
+  auto st = px.process().wait();
+  CHECK(st.exited);
+  CHECK(st.code == 1);
+  CHECK(px.log().find("write-ahead log") != std::string::npos);
 }
 
 }  // TEST_SUITE

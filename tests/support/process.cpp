@@ -100,7 +100,11 @@ Process Process::start(const std::vector<std::string>& argv, const ProcessOption
     ::dup2(log_fd, 1);
     ::dup2(log_fd, 2);
     if (options.fsize_limit) {
-      rlimit rl{*options.fsize_limit, *options.fsize_limit};
+      // The soft limit only: a test may lift it on the running process (prlimit) to model a
+      // disk that has room again.
+      rlimit rl{};
+      ::getrlimit(RLIMIT_FSIZE, &rl);
+      rl.rlim_cur = *options.fsize_limit;
       ::setrlimit(RLIMIT_FSIZE, &rl);
     }
     ::execve(plan.argv[0], plan.argv.data(), plan.env.data());

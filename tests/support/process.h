@@ -42,7 +42,7 @@ struct ExitStatus {
 
 struct ProcessOptions {
   std::string log_path;                  // stdout+stderr go here (appended); required
-  std::optional<rlim_t> fsize_limit;     // RLIMIT_FSIZE for the child, bytes
+  std::optional<rlim_t> fsize_limit;     // RLIMIT_FSIZE (soft) for the child, bytes
   std::vector<std::string> env;          // extra "NAME=value" entries
 };
 
