@@ -67,7 +67,12 @@ void ElectionView::apply(const election::WatchBatch& batch) {
   for (const auto& ev : batch.events) {
     const auto& kv = ev.kv;
     saw_revision(kv.mod_revision);
-    if (kv.mod_revision <= state_rev_) continue;  // already reflected by a resync
+    // etcd gives every event of one transaction the same revision (a `del --prefix`, a txn, a
+    // lease revoke that deletes several keys): events below the reflected revision are older
+    // than what the view has; those at it are applied again, which changes nothing for the
+    // events a resync at that revision reflects (one event per key in a revision) and takes in
+    // every other event of the revision the view got to by an earlier event of it.
+    if (kv.mod_revision < state_rev_) continue;
     if (ev.type == election::WatchEvent::Type::put) {
       auto& k = live_[kv.key];
       k.create_revision = kv.create_revision;
@@ -77,7 +82,7 @@ void ElectionView::apply(const election::WatchBatch& batch) {
     } else {
       live_.erase(kv.key);
     }
-    state_rev_ = kv.mod_revision;
+    state_rev_ = std::max(state_rev_, kv.mod_revision);
   }
   recompute_leader();
 }

@@ -75,7 +75,8 @@ class ElectionView {
   // A snapshot of every key under the prefix as of header revision `revision` (a range). Ignored
   // if the view already reflects a later revision (the watch got ahead of it).
   void resync(const std::vector<election::KeyValue>& kvs, std::int64_t revision);
-  // One watch batch; events at or below the revision the view reflects are skipped.
+  // One watch batch; events below the revision the view reflects are skipped (those at it are
+  // applied: several events share a revision when one transaction made them).
   void apply(const election::WatchBatch& batch);
   // A header revision seen anywhere (raises latest_revision()).
   void saw_revision(std::int64_t revision) {

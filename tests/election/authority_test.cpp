@@ -221,6 +221,62 @@ TEST_CASE("authority: a new leader is fenced in before it writes; candidates, fo
   proxy.stop();
 }
 
+// etcd gives all the events of one transaction one revision: deleting every candidate key at once
+// (`etcdctl del --prefix billing/`) must take all of them out of the proxy's view, not only the
+// first, or a deleted key would go on leading there.
+TEST_CASE("authority: keys deleted together in one revision all leave the view") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream upstream;
+  AuthProxy proxy(etcd, upstream.url(), "billing", 0);
+  INFO(proxy.log());
+  REQUIRE(proxy.start());
+  Client c(client_options(etcd));
+  LeaseGrant la, lb, lc;
+  REQUIRE(c.grant(30, &la).ok());
+  REQUIRE(c.grant(30, &lb).ok());
+  REQUIRE(c.grant(30, &lc).ok());
+  LeaderKey a;
+  REQUIRE(c.campaign("billing", la.id, "worker-a", &a).ok());
+  CHECK(eventually([&] { return proxy.generation() == a.rev; }, 10s));
+  // B waits in line behind A.
+  std::thread b_campaign([&] {
+    Client cb(client_options(etcd));
+    LeaderKey b;
+    cb.campaign("billing", lb.id, "worker-b", &b);
+  });
+  std::int64_t b_rev = 0;
+  REQUIRE(eventually(
+      [&] {
+        for (const auto& kv : candidates(c, "billing"))
+          if (kv.lease == lb.id) b_rev = kv.create_revision;
+        return b_rev != 0;
+      },
+      10s));
+  CHECK(eventually([&] { return type_of(proxy.write(b_rev, "worker-b")) == "urn:fencegate:problem:not-leader"; }, 10s));
+
+  // Both keys go in one revision: no leader is left.
+  std::int64_t deleted = 0;
+  REQUIRE(c.delete_range("billing/", "billing0", &deleted).ok());
+  CHECK(deleted == 2);
+  b_campaign.join();
+  CHECK(eventually([&] { return proxy.write(a.rev, "worker-a").code() == 409; }, 10s));
+  auto r = proxy.write(a.rev, "worker-a");
+  CHECK(type_of(r) == "urn:fencegate:problem:not-leader");
+  r = proxy.write(b_rev, "worker-b");
+  CHECK(type_of(r) == "urn:fencegate:problem:not-leader");
+  CHECK(proxy.generation() == a.rev);  // never advanced to the deleted B
+
+  // The next leader etcd elects is the proxy's too.
+  LeaderKey cl;
+  REQUIRE(c.campaign("billing", lc.id, "worker-c", &cl).ok());
+  CHECK(eventually([&] { return proxy.generation() == cl.rev; }, 10s));
+  r = proxy.write(cl.rev, "worker-c");
+  CHECK_MESSAGE(r.code() == 200, describe(r));
+  proxy.stop();
+}
+
 // Routes of different elections (or of none) that can name one resource are refused by config
 // validation (tests/config: "routes that can name one resource must agree on its mode and
 // authority"), but for a literal route that takes all of one of a template's names.
