@@ -1473,6 +1473,11 @@ task<bool> Session::handle(std::size_t head_len) {
       rt_.store.append_audit(audit_row("would_reject_" + suffix, newest), nullptr);
       note(would, newest);
       marks.observe = "would_reject_" + suffix;
+    } else if (ac && ac->verdict == AuthorityVerdict::unavailable) {
+      // Observe mode with etcd out of reach (enforce answered 503 above): forwarded, and the fence
+      // is left alone. No election confirms this token, and advancing to it would keep a forged
+      // 2^63-1 in the fence for good once the route is switched to enforce.
+      marks.generation = rt_.fence.current(m.resource);
     } else {
       Decision d;
       if (enforce) arm_abort(*ex);
