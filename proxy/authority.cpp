@@ -233,6 +233,11 @@ AuthorityCheck Authority::confirm(std::int64_t g) {
 
 bool Authority::resync(election::Client& client) {
   const auto sent = Clock::now();
+  std::int64_t floor;  // a revision etcd reported before this range was sent
+  {
+    std::lock_guard lk(mu_);
+    floor = view_.latest_revision();
+  }
   std::vector<election::KeyValue> kvs;
   election::ResponseHeader h;
   election::Status st = client.range(prefix_, election::prefix_range_end(prefix_), &kvs, &h);
@@ -244,6 +249,16 @@ bool Authority::resync(election::Client& client) {
   {
     std::lock_guard lk(mu_);
     before = view_.leader_revision();
+    if (h.revision < floor && view_.latest_revision() >= floor) {
+      // A range is served at etcd's revision when it arrives, so it cannot be below one etcd
+      // reported before it was sent, unless etcd went back: restored from a snapshot, or
+      // replaced. The view (and the watch, which waits for revisions that came before) start
+      // over from what etcd says now.
+      log::warn("authority: etcd's revision went backwards (restored from a snapshot?); the election view starts over",
+                {log::kv("election", cfg_.election), log::kv("was", floor), log::kv("now", h.revision)});
+      view_.reset();
+      restart_watch_ = true;
+    }
     view_.resync(kvs, h.revision);
     if (!contacted_ || sent > last_contact_) last_contact_ = sent;
     contacted_ = true;
@@ -346,7 +361,18 @@ void Authority::loop() {
       watch_.reset();
     }
     // Probe and resync in one: a range of the prefix proves etcd is alive and gives the truth.
-    if (resync() && !watch_) {
+    const bool answered = resync();
+    bool restart;
+    {
+      std::lock_guard lk(mu_);
+      restart = restart_watch_;
+      restart_watch_ = false;
+    }
+    if (restart && watch_) {
+      watch_->stop();
+      watch_.reset();
+    }
+    if (answered && !watch_) {
       std::int64_t from;
       {
         std::lock_guard lk(mu_);

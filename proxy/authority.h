@@ -78,6 +78,9 @@ class ElectionView {
   // One watch batch; events below the revision the view reflects are skipped (those at it are
   // applied: several events share a revision when one transaction made them).
   void apply(const election::WatchBatch& batch);
+  // Forgets everything: etcd went back to an older state (a snapshot restore), where the keys
+  // and revisions the view holds may mean something else. The next resync() starts it over.
+  void reset() { *this = ElectionView(); }
   // A header revision seen anywhere (raises latest_revision()).
   void saw_revision(std::int64_t revision) {
     if (revision > latest_) latest_ = revision;
@@ -177,6 +180,7 @@ class Authority {
   std::int64_t ttl_lease_ = 0;    // the lease whose TTL ttl_ms_ is
   std::int64_t ttl_ms_ = 0;       // granted TTL of ttl_lease_, 0 = unknown
   bool compacted_ = false;
+  bool restart_watch_ = false;  // etcd went back: the watch starts over from the new revision
   bool stopping_ = false;
   bool available_logged_ = true;  // last availability logged (to log transitions once)
   std::int64_t pending_announce_ = 0;

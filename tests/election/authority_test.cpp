@@ -277,6 +277,38 @@ TEST_CASE("authority: keys deleted together in one revision all leave the view")
   proxy.stop();
 }
 
+// etcd brought back to an older state on the same address (a snapshot restore, here an empty
+// one): the revisions the proxy's view and watch hold mean nothing there. The view starts over,
+// so the former leader, whose key the restored etcd does not have, is refused.
+TEST_CASE("authority: etcd that went back to an older state is followed, not frozen on what it forgot") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream upstream;
+  AuthProxy proxy(etcd, upstream.url(), "billing", 0);
+  INFO(proxy.log());
+  REQUIRE(proxy.start());
+  {
+    Client c(client_options(etcd));
+    for (int i = 0; i < 20; ++i) REQUIRE(c.put("other/k" + std::to_string(i), "v").ok());  // revisions up
+    LeaseGrant la;
+    REQUIRE(c.grant(30, &la).ok());
+    LeaderKey a;
+    REQUIRE(c.campaign("billing", la.id, "worker-a", &a).ok());
+    CHECK(eventually([&] { return proxy.generation() == a.rev; }, 10s));
+    REQUIRE(proxy.write(a.rev, "worker-a").code() == 200);
+
+    etcd.wipe();
+    REQUIRE(etcd.start());
+    // A's key is not in this etcd: its token is refused, as is any generation below the fence.
+    CHECK(eventually([&] { return proxy.write(a.rev, "worker-a").code() == 409; }, 15s));
+    const std::string t = type_of(proxy.write(a.rev, "worker-a"));
+    CHECK((t == "urn:fencegate:problem:not-leader" || t == "urn:fencegate:problem:unknown-generation"));
+    CHECK(proxy.log_has("revision went backwards"));
+  }
+  proxy.stop();
+}
+
 // Routes of different elections (or of none) that can name one resource are refused by config
 // validation (tests/config: "routes that can name one resource must agree on its mode and
 // authority"), but for a literal route that takes all of one of a template's names.

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -121,6 +122,12 @@ class EtcdServer {
       process_->stop(5s);
       process_.reset();
     }
+  }
+  // Removes the data dir (stopped first): the next start() is an etcd that has forgotten
+  // everything, back at revision 1, on the same ports (as after a restore from an old snapshot).
+  void wipe() {
+    stop();
+    std::filesystem::remove_all(dir_->file("data"));
   }
   void pause() { process_->kill(SIGSTOP); }
   void resume() { process_->kill(SIGCONT); }
