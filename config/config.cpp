@@ -448,9 +448,14 @@ bool get_string(const json& j, const std::string& path, std::string& out,
   return true;
 }
 
+// The authority probes etcd at least every 50 ms: a window shorter than a few probes would fail
+// closed with etcd healthy.
+constexpr std::int64_t kMinGraceMs = 200;
+
 std::string grace_error(std::string_view got) {
-  return "must be an integer between 0 and " + std::to_string(kMaxMs) +
-         " (milliseconds; 0 = the leader's lease TTL) (got " + std::string(got) + ")";
+  return "must be 0 (the leader's lease TTL) or an integer between " + std::to_string(kMinGraceMs) + " and " +
+         std::to_string(kMaxMs) + " (milliseconds; shorter windows would fail closed with etcd healthy) (got " +
+         std::string(got) + ")";
 }
 
 // "authority": {"etcd": ["http://..."], "election": "...", "grace_ms": N}. Values are checked by
@@ -764,7 +769,7 @@ void check_authority(Authority& a, const std::string& path, std::vector<std::str
     errors.push_back(path + ".election: must be 1..256 printable ASCII characters without spaces (got " +
                      quote(a.election) + ")");
   }
-  if (a.grace.count() < 0 || a.grace.count() > kMaxMs)
+  if (a.grace.count() < 0 || a.grace.count() > kMaxMs || (a.grace.count() > 0 && a.grace.count() < kMinGraceMs))
     errors.push_back(path + ".grace_ms: " + grace_error(std::to_string(a.grace.count())));
 }
 

@@ -95,7 +95,8 @@ constexpr const char* kElectUsage =
     "  --fence URL              a fencegate admin resource URL, e.g.\n"
     "                           http://127.0.0.1:9901/v1/resources/ledger (repeatable)\n"
     "  --fence-token-file PATH  bearer token for the fence admin APIs\n"
-    "  --fence-timeout-ms MS    how long to keep retrying an unreachable or 5xx fence (default 10000)\n"
+    "  --fence-timeout-ms MS    how long to wait for each fence, retrying while it is unreachable or 5xx\n"
+    "                           (100..3600000, default 30000: above the sidecars' default drain timeout)\n"
     "  --recampaign             after losing leadership or a failed barrier, campaign again\n"
     "  --grace-ms MS            SIGTERM -> SIGKILL grace for the command (default 5000)\n"
     "  --log-level LEVEL        debug, info, warn, error (default info); JSON lines on stderr\n"
@@ -177,7 +178,9 @@ struct ElectFlags {
   std::vector<HttpUrl> fences;
   std::vector<std::string> fence_urls;
   std::string fence_token;
-  std::int64_t fence_timeout_ms = 10000;
+  // Longer than a sidecar's default drain_timeout_ms (10 s) and a commit: a barrier behind a stuck
+  // older write is answered once the drain timeout has aborted it, not given up on just before.
+  std::int64_t fence_timeout_ms = 30000;
   bool recampaign = false;
   std::int64_t grace_ms = 5000;
   std::vector<std::string> command;
@@ -820,7 +823,7 @@ int run_elect(const std::vector<std::string>& args) {
       ++r.i;
     } else if (r.value("etcd", &etcd) || r.value("election", &f.election) || r.value("id", &f.id) ||
                r.integer("ttl", 2, 3600, &f.ttl) || r.value("fence-token-file", &token_file) ||
-               r.integer("fence-timeout-ms", 0, 3600000, &f.fence_timeout_ms) ||
+               r.integer("fence-timeout-ms", 100, 3600000, &f.fence_timeout_ms) ||
                r.integer("grace-ms", 0, 3600000, &f.grace_ms) || r.value("log-level", &level)) {
     } else if (r.value("fence", &v)) {
       HttpUrl u;
@@ -841,6 +844,8 @@ int run_elect(const std::vector<std::string>& args) {
   if (f.election.empty()) r.errors.push_back("--election: required");
   if (f.id.size() > 256)  // the sidecars would refuse it as Fencing-Leader (max_leader_bytes) after winning
     r.errors.push_back("--id: at most 256 bytes (got " + std::to_string(f.id.size()) + ")");
+  else if (std::any_of(f.id.begin(), f.id.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+    r.errors.push_back("--id: must not contain control characters (the sidecars refuse them as a leader identity)");
   if (!have_command || f.command.empty()) r.errors.push_back("a command is required after --");
   if (level == "debug") log::set_level(log::Level::debug);
   else if (level == "info") log::set_level(log::Level::info);

@@ -914,7 +914,12 @@ TEST_CASE("route authority: JSON object read and normalised; bad values and unkn
   INFO(joined(bad.errors));
   CHECK_FALSE(bad.config);
   CHECK(has_error(bad, "routes[0].authority.ttl: unknown key"));
-  CHECK(has_error_starting(bad, "routes[0].authority.grace_ms: must be an integer between 0 and 86400000"));
+  CHECK(has_error_starting(bad, "routes[0].authority.grace_ms: must be 0 (the leader's lease TTL) or an integer between 200 and 86400000"));
+  // A window of a few ms would fail closed with etcd healthy (it is probed every 50 ms at most).
+  auto tiny = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1",
+      "authority": {"etcd": ["http://a:2379"], "election": "e", "grace_ms": 30}}]})");
+  CHECK_FALSE(tiny.config);
+  CHECK(has_error_starting(tiny, "routes[0].authority.grace_ms: must be 0 (the leader's lease TTL) or an integer between 200"));
   CHECK(has_error(bad, "routes[0].authority.etcd[0]: must be an etcd client URL \"http://host:port\" (got \"ftp://x:1\")"));
   CHECK(has_error(bad, "routes[0].authority.etcd[2]: listed twice (\"http://a:2379\")"));
   CHECK(has_error(bad, "routes[0].authority.election: must not be empty"));
@@ -954,7 +959,7 @@ TEST_CASE("route authority: flag-only form and its environment variables; both o
                          "x", "--authority-grace-ms", "soon"},
                         empty_env);
   INFO(joined(bad.errors));
-  CHECK(has_error_starting(bad, "--authority-grace-ms: must be an integer between 0 and 86400000"));
+  CHECK(has_error_starting(bad, "--authority-grace-ms: must be 0 (the leader's lease TTL) or an integer between 200 and 86400000"));
   CHECK(has_error(bad, "--authority-etcd: must be an etcd client URL \"http://host:port\" (got \"https://e:2379\")"));
 
   TempFile f(kMinimal);

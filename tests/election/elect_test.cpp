@@ -51,6 +51,14 @@ TEST_CASE("elect/leader: bad flags exit 2 with a message; --help exits 0") {
                   10s);
   CHECK(r.code() == 2);
   CHECK(r.err.find("--id: at most 256 bytes (got 300)") != std::string::npos);
+  // Control characters, which the sidecars refuse in a leader identity; a fence timeout of 0,
+  // which would never try the fence.
+  r = run_command({kFencegate, "elect", "--etcd", "http://127.0.0.1:2379", "--election", "x", "--id", "a\x01b",
+                   "--fence-timeout-ms", "0", "--", "true"},
+                  10s);
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("--id: must not contain control characters") != std::string::npos);
+  CHECK(r.err.find("--fence-timeout-ms") != std::string::npos);
   r = run_command({kFencegate, "elect", "--help"}, 10s);
   CHECK(r.code() == 0);
   CHECK(r.out.find("FENCING_TOKEN") != std::string::npos);
