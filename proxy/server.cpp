@@ -871,6 +871,13 @@ class Session {
   std::unique_ptr<UpConn> pooled_upstream(const config::Route& route);
   task<std::size_t> read_promptly(UpConn& up, boost::system::error_code& ec);
   void arm_abort(Exchange& x);
+  // Takes the newest config snapshot if a reload installed one (one atomic load otherwise).
+  void refresh_snapshot() {
+    if (std::uint64_t v = rt_.snapshot_version(); v != snap_version_) {
+      snap_version_ = v;
+      snap_ = rt_.snapshot();
+    }
+  }
   template <class Buffers>
   task<bool> send_request(UpConn& up, Buffers& bufs, boost::system::error_code& ec);
   bool answered_early(UpConn& up);
@@ -994,6 +1001,7 @@ void Worker::start_watchdog() {
 // Scans what the client sent so far. Returns 1 with *head_len when sc_->head holds a complete head,
 // 0 when more bytes are needed, -1 when the head is refused (sc_->out then holds the reply).
 int Session::scan_head(std::size_t* checked, std::size_t* head_len) {
+  refresh_snapshot();  // a reload that landed while this connection waited for the head
   const auto& cfg = this->cfg();
   std::string_view data = sc_->in.view();
   // Empty lines before a request line are ignored (RFC 9112 2.2): some clients send a CRLF after
@@ -1048,6 +1056,8 @@ task<bool> Session::run(bool woken) {
   bool hot = true;
   boost::system::error_code ec;
   for (;;) {
+    // A reload applies from the next request on, its head included (limits, timeouts).
+    refresh_snapshot();
     // Read until sc_->in holds a complete request head; it is scanned once, into sc_->head.
     std::size_t checked = 0, head_len = 0;
     bool started = !sc_->in.empty() || woken;
@@ -1122,11 +1132,7 @@ task<bool> Session::run(bool woken) {
 }
 
 void Session::begin_request() {
-  // A reload applies from the next request on, even on this connection.
-  if (std::uint64_t v = rt_.snapshot_version(); v != snap_version_) {
-    snap_version_ = v;
-    snap_ = rt_.snapshot();
-  }
+  refresh_snapshot();  // a reload that landed while the head was read
   prompt_ = false;
   st_.active_requests.fetch_add(1, std::memory_order_relaxed);
   ++w_.requests;

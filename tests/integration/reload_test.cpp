@@ -134,6 +134,15 @@ TEST_CASE("reload: a new config applies to the next request on an already open k
   INFO("second request on the kept-alive connection: ", describe(second));
   CHECK(second.code() == 428);
   for (const auto& rec : up.requests()) CHECK(rec.target != "/second-on-old-connection");
+
+  // The limits too, for the next request's head: it is read under the new max_header_bytes.
+  json cfg = read_config(px);
+  cfg["max_header_bytes"] = 2048;
+  write_config(px, cfg);
+  REQUIRE(reload(admin).code() == 200);
+  auto big = c.request("POST", "/big-head", token(1, {{"X-Pad", std::string(3000, 'p')}}));
+  INFO(describe(big));
+  CHECK(big.code() == 431);
 }
 
 TEST_CASE("reload: a bad config is rejected whole with 422 and its errors; the old config keeps working") {
