@@ -74,6 +74,9 @@ void Histogram::render(std::string& out, std::string_view name, std::string_view
 Metrics::Metrics(std::size_t max_resource_labels) : max_labels_(max_resource_labels) {}
 
 ResourceCounters* Metrics::resource(std::string_view name) {
+  // A resource that is really named "_other" shares the aggregate's series: a label of its own
+  // would be the same series twice in the exposition.
+  if (name == "_other") return &other_;
   {
     std::shared_lock lk(mu_);
     auto it = resources_.find(name);

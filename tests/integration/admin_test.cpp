@@ -159,6 +159,30 @@ TEST_CASE("admin: /metrics counts a known sequence exactly, with generation, his
   CHECK(text.find("# TYPE fencegate_upstream_latency_seconds histogram") != std::string::npos);
 }
 
+TEST_CASE("admin: a resource named _other shares the aggregate's series (no series twice)") {
+  RecordingUpstream up;
+  Proxy px(config_spec(config_with_routes({route("/t/{id}/", up.url(), "{id}", "observe")})));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  REQUIRE(is_2xx(request(px.port(), "POST", "/t/_other/x")));
+  // Past the label cap (1000), so that the aggregate has counts of its own.
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  for (int i = 0; i < 1005; ++i) REQUIRE(is_2xx(c.request("POST", "/t/id" + std::to_string(i) + "/x")));
+  auto ss = parse_prometheus(metrics_text(admin));
+  std::map<std::string, int> series;
+  for (const auto& smp : ss) {
+    std::string key = smp.name;
+    for (const auto& [k, v] : smp.labels) key += "," + k + "=" + v;
+    ++series[key];
+  }
+  for (const auto& [k, n] : series) CHECK_MESSAGE(n == 1, k, " appears ", n, " times");
+  // The aggregate counts the real _other's write and the 5 resources over the cap.
+  CHECK(sample(ss, "fencegate_requests_total", {{"resource", "_other"}, {"decision", "would_reject_missing"}}) ==
+        std::optional<double>(6));
+}
+
 TEST_CASE("admin: a flood of distinct path-template resources keeps the label set bounded") {
   RecordingUpstream up;
   json cfg = config_with_routes({route("/t/{id}/", up.url(), "t-{id}", "observe"), route("/", up.url(), "default")});
