@@ -386,7 +386,8 @@ std::string mode_error(std::string_view got) {
 // Reports duplicate object keys, which nlohmann would otherwise resolve silently (last wins).
 class DuplicateKeyFinder {
  public:
-  explicit DuplicateKeyFinder(std::vector<std::string>& errors) : errors_(&errors) {}
+  // *where follows the parse: the field whose value comes next (for an error in that value).
+  DuplicateKeyFinder(std::vector<std::string>& errors, std::string& where) : errors_(&errors), where_(&where) {}
 
   bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
     switch (event) {
@@ -409,13 +410,18 @@ class DuplicateKeyFinder {
         if (!stack_.empty() && parsed.is_string()) {
           Frame& top = stack_.back();
           top.last_key = parsed.get<std::string>();
+          *where_ = join(top.path, top.last_key);
           if (!top.keys.insert(top.last_key).second) {
             errors_->push_back(join(top.path, top.last_key) + ": duplicate key");
           }
         }
         break;
       case json::parse_event_t::value:
-        if (!stack_.empty() && stack_.back().array) ++stack_.back().next_index;
+        if (!stack_.empty() && stack_.back().array) {
+          Frame& top = stack_.back();
+          ++top.next_index;
+          *where_ = top.path + "[" + std::to_string(top.next_index) + "]";  // the next element
+        }
         break;
     }
     return true;
@@ -433,6 +439,7 @@ class DuplicateKeyFinder {
     return path.empty() ? key : path + "." + key;
   }
   std::vector<std::string>* errors_;
+  std::string* where_;
   std::vector<Frame> stack_;
 };
 
@@ -598,8 +605,9 @@ bool parse_json_into(Config& c, std::string_view text, std::string_view source,
                      std::vector<std::string>& errors) {
   json doc;
   std::vector<std::string> dup_errors;
+  std::string where;  // the field being parsed
   try {
-    doc = json::parse(text.begin(), text.end(), DuplicateKeyFinder(dup_errors));
+    doc = json::parse(text.begin(), text.end(), DuplicateKeyFinder(dup_errors, where));
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     if (auto p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos) {
@@ -614,7 +622,7 @@ bool parse_json_into(Config& c, std::string_view text, std::string_view source,
     if (auto p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos) {
       what = what.substr(p + 2);
     }
-    errors.push_back(std::string(source) + ": invalid JSON: " + what);
+    errors.push_back(std::string(source) + ": invalid JSON" + (where.empty() ? std::string() : " in " + where) + ": " + what);
     return false;
   }
   if (!doc.is_object()) {

@@ -1075,9 +1075,35 @@ std::unique_ptr<Store> Store::open_readonly(const std::string& path, std::string
   sqlite3* db = open_db(path, SQLITE_OPEN_READONLY, error);
   if (!db) return nullptr;
   if (auto e = check_readable(db, path); !e.empty()) {
-    *error = e;
     sqlite3_close_v2(db);
-    return nullptr;
+    // A database in WAL mode needs its -shm file to be read. With no -wal next to it no writer is
+    // running (fencegate keeps one while it runs) and nothing is pending, so a reader that may not
+    // create files in the directory (an unprivileged operator, a read-only volume) reads the
+    // file as it is.
+    struct stat wal {};
+    if (e.find("readonly") == std::string::npos || ::stat((path + "-wal").c_str(), &wal) == 0) {
+      *error = e;
+      return nullptr;
+    }
+    std::string uri = "file:";
+    for (unsigned char c : path) {
+      if (c == '%' || c == '?' || c == '#') {
+        static constexpr char kHex[] = "0123456789ABCDEF";
+        uri += '%';
+        uri += kHex[c >> 4];
+        uri += kHex[c & 15];
+      } else {
+        uri += static_cast<char>(c);
+      }
+    }
+    uri += "?immutable=1";
+    std::string ignored_error;
+    db = open_db(uri, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, &ignored_error);
+    if (!db || !check_readable(db, path).empty()) {
+      if (db) sqlite3_close_v2(db);
+      *error = e;
+      return nullptr;
+    }
   }
   return std::make_unique<ReadOnlyStore>(path, db);
 }

@@ -1006,4 +1006,9 @@ TEST_CASE("a number JSON cannot represent is a config error, not a crash (found 
   CHECK_FALSE(r.config.has_value());
   REQUIRE_FALSE(r.errors.empty());
   CHECK(r.errors[0].find("invalid JSON") != std::string::npos);
+  CHECK(r.errors[0].find("in threads:") != std::string::npos);  // the field is named
+  r = fencegate::config::load_json(
+      R"({"routes": [{"prefix": "/", "upstream": "http://127.0.0.1:1", "write_methods": ["POST", -1e999]}]})");
+  REQUIRE_FALSE(r.errors.empty());
+  CHECK(r.errors[0].find("in routes[0].write_methods[1]:") != std::string::npos);
 }

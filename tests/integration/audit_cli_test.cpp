@@ -3,7 +3,10 @@
 // row committed by a writer that opened the store after the CLI started (the CLI holds no lock).
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <csignal>
 #include <future>
 #include <memory>
@@ -361,3 +364,27 @@ TEST_CASE("audit: --follow with an --until in the past ends by itself") {
 }
 
 }  // TEST_SUITE
+
+// After a clean stop SQLite removes the -wal but leaves the file in WAL mode, where a reader
+// must create the -shm: an operator who may read fence.db but not write its directory (or a copy
+// on a read-only volume) could not read the audit log. Run as `nobody` (root reads anything).
+TEST_CASE("audit: a stopped sidecar's database is readable by a user who cannot write its directory") {
+  if (::geteuid() != 0 || ::access("/usr/sbin/runuser", X_OK) != 0) {
+    MESSAGE("skipped: needs root and runuser to run the CLI as another user");
+    return;
+  }
+  TempDir dir("fencegate-audit-ro");
+  const std::string db = dir.file("fence.db");
+  seed(db);
+  REQUIRE_FALSE(std::filesystem::exists(db + "-wal"));  // closed cleanly
+  const std::string bin = dir.file("fencegate");
+  std::filesystem::copy_file(kBinary, bin);  // somewhere `nobody` can run it from
+  std::filesystem::permissions(dir.path(), std::filesystem::perms(0755));
+  std::filesystem::permissions(db, std::filesystem::perms(0644));
+  std::filesystem::permissions(bin, std::filesystem::perms(0755));
+  auto r = run_command({"/usr/sbin/runuser", "-u", "nobody", "--", bin, "audit", "--db", db, "--json"}, 20s);
+  INFO(r.err);
+  CHECK(r.code() == 0);
+  CHECK(lines(r.out).size() == 5);
+  CHECK_FALSE(std::filesystem::exists(db + "-shm"));  // nothing was created
+}
