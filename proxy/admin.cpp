@@ -245,6 +245,8 @@ class AdminSession {
   // Runs one store read on the query thread. Its arguments are taken by value, so they live in
   // the coroutine's own frame (not in a lambda's captures: GCC 12 loses those here).
   enum class Query { resources, resource, audit, unfenced };
+  // A refusal confirmed with etcd, on the confirm thread (arguments by value, as below).
+  awaitable<AuthorityCheck> confirm_on_thread(Authority* au, std::int64_t g) { co_return au->confirm(g); }
   awaitable<Reply> on_query_thread(Query what, std::string id, std::map<std::string, std::string> q) {
     switch (what) {
       case Query::resources: co_return resources(nullptr);
@@ -277,6 +279,9 @@ class Admin final : public AdminServer {
     queries_work.reset();
     queries.stop();
     if (query_thread.joinable()) query_thread.join();
+    confirms_work.reset();
+    confirms.stop();
+    if (confirm_thread.joinable()) confirm_thread.join();
   }
 
   awaitable<void> accept_loop() {
@@ -336,6 +341,11 @@ class Admin final : public AdminServer {
   // health probes and fences.
   net::io_context queries{1};
   std::optional<net::executor_work_guard<net::io_context::executor_type>> queries_work;
+  // Fence barriers that must ask etcd (a refusal is confirmed first): a hung etcd holds this
+  // thread for a request timeout, not the one that answers probes and the leader's own barrier.
+  net::io_context confirms{1};
+  std::optional<net::executor_work_guard<net::io_context::executor_type>> confirms_work;
+  std::thread confirm_thread;
   std::thread query_thread;
 };
 
@@ -693,7 +703,9 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
       if (owner && &route != owner) continue;
       Authority* au = rt.authorities->for_route(route);
       if (!au || !resource_matches_template(route.resource, resource)) continue;
-      AuthorityCheck ac = au->confirm(g);  // a refusal is confirmed with etcd first
+      AuthorityCheck ac = au->check(g);
+      if (ac.verdict == AuthorityVerdict::not_leader || ac.verdict == AuthorityVerdict::unknown_generation)
+        ac = co_await net::co_spawn(admin_.confirms, confirm_on_thread(au, g), use_awaitable);  // asks etcd
       if (ac.verdict == AuthorityVerdict::leader) continue;
       json ctx = {{"resource", resource}, {"presented_generation", g}, {"current_generation", ac.leader}};
       if (ac.verdict == AuthorityVerdict::unavailable)
@@ -908,6 +920,8 @@ std::unique_ptr<AdminServer> AdminServer::start(Runtime& rt, const config::Endpo
   raw->wait_hup();
   raw->queries_work.emplace(raw->queries.get_executor());
   raw->query_thread = std::thread([raw] { raw->queries.run(); });
+  raw->confirms_work.emplace(raw->confirms.get_executor());
+  raw->confirm_thread = std::thread([raw] { raw->confirms.run(); });
   a->thread = std::thread([raw] { raw->ioc.run(); });
   return a;
 }

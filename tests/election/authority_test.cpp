@@ -309,6 +309,46 @@ TEST_CASE("authority: etcd that went back to an older state is followed, not fro
   proxy.stop();
 }
 
+// Barrier calls with tokens the view refuses are confirmed with etcd first; with etcd hung each
+// waits out a request timeout. They must not hold up health probes or the leader's own barrier.
+TEST_CASE("authority: barriers that wait on a hung etcd hold up neither probes nor the leader's barrier") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream upstream;
+  AuthProxy proxy(etcd, upstream.url(), "billing", 0);
+  INFO(proxy.log());
+  REQUIRE(proxy.start());
+  Client c(client_options(etcd));
+  LeaseGrant la;
+  REQUIRE(c.grant(30, &la).ok());
+  LeaderKey a;
+  REQUIRE(c.campaign("billing", la.id, "worker-a", &a).ok());
+  CHECK(eventually([&] { return proxy.generation() == a.rev; }, 10s));
+  etcd.pause();  // within the leader's 30 s window: the view still answers, etcd does not
+  std::vector<std::thread> strays;
+  for (int i = 1; i <= 4; ++i)
+    strays.emplace_back([&, i] {
+      request(proxy.admin_port(), "POST", "/v1/resources/ledger/fence", {{"Fencing-Token", std::to_string(a.rev + 100 + i)}},
+              {}, 20s);
+    });
+  std::this_thread::sleep_for(200ms);
+  auto t0 = Clock::now();
+  auto leader = request(proxy.admin_port(), "POST", "/v1/resources/ledger/fence",
+                        {{"Fencing-Token", std::to_string(a.rev)}}, {}, 20s);
+  const auto leader_ms = ms_since(t0);
+  t0 = Clock::now();
+  auto health = request(proxy.admin_port(), "GET", "/healthz", {}, {}, 20s);
+  const auto health_ms = ms_since(t0);
+  etcd.resume();
+  for (auto& t : strays) t.join();
+  CHECK_MESSAGE(leader.code() == 200, describe(leader));
+  CHECK(leader_ms < 700);
+  CHECK(health.code() == 200);
+  CHECK(health_ms < 700);
+  proxy.stop();
+}
+
 // Routes of different elections (or of none) that can name one resource are refused by config
 // validation (tests/config: "routes that can name one resource must agree on its mode and
 // authority"), but for a literal route that takes all of one of a template's names.
