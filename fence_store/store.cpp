@@ -365,13 +365,17 @@ class OwnedStore final : public Store {
     return {};
   }
 
-  ~OwnedStore() override {
+  void drain_and_stop() override {
     {
       std::lock_guard lk(mu_);
       stopping_ = true;
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+  }
+
+  ~OwnedStore() override {
+    drain_and_stop();
     // The reader first: the last connection to close checkpoints and removes the WAL, and only a
     // read-write connection can do that.
     reader_.reset();

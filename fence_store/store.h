@@ -160,6 +160,11 @@ class Store {
   // when the store closes are tried once more, then count here too if that fails.
   virtual std::uint64_t audit_rows_dropped() const { return 0; }
 
+  // Commits what is queued (the last try of kept rows included) and stops the store thread; later
+  // writes fail. The destructor does it too; calling it first lets the caller read
+  // audit_rows_dropped() once nothing can change it. Idempotent.
+  virtual void drain_and_stop() {}
+
   // Number of batches (transactions, one fsync each) committed successfully so far. For metrics
   // (fencegate_store_commits_total) and group-commit tests. Read-only stores report 0.
   virtual std::uint64_t commit_count() const { return 0; }

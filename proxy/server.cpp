@@ -2395,6 +2395,10 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   // registrations, so the sessions still suspended in the io_contexts (destroyed at scope exit,
   // before the fence) can go in any order.
   store->set_commit_observer(nullptr);
+  store->drain_and_stop();
+  if (const std::uint64_t lost = store->audit_rows_dropped())
+    log::error("observe-mode audit rows could not be written and are lost (the store kept failing)",
+               {log::kv("rows", lost)});
   store.reset();
   fence->shutdown();
   log::info("stopped");
