@@ -584,9 +584,14 @@ class Elect {
   // Returns the command's wait status.
   int stop_command(pid_t pid, int first, bool* reaped_status_valid);
 
+  // Revokes the leases whose revoke failed before (etcd was down): their keys would otherwise wait
+  // in the election as zombies, and lead for up to a TTL with no process behind them.
+  void revoke_leftovers();
+
   // Constant after construction
   const ElectFlags f_;
   Client client_;
+  std::vector<std::int64_t> leftover_leases_;  // revoke failed; tried again before each campaign
 };
 
 void Elect::give_up(LeaseKeeper& keeper, const std::optional<LeaderKey>& leader) {
@@ -596,7 +601,25 @@ void Elect::give_up(LeaseKeeper& keeper, const std::optional<LeaderKey>& leader)
     else log::warn("resign failed (the lease will expire)", {log::kv("error", st.to_string())});
   }
   Status st = keeper.revoke(2000ms);
-  if (!st.ok()) log::warn("lease revoke failed (it will expire)", {log::kv("lease", keeper.lease_id()), log::kv("error", st.to_string())});
+  if (!st.ok()) {
+    log::warn("lease revoke failed (tried again before the next campaign; else it expires)",
+              {log::kv("lease", keeper.lease_id()), log::kv("error", st.to_string())});
+    if (keeper.lease_id() != 0) leftover_leases_.push_back(keeper.lease_id());
+  }
+}
+
+void Elect::revoke_leftovers() {
+  std::vector<std::int64_t> still;
+  for (std::int64_t id : leftover_leases_) {
+    Status st = client_.revoke(id, 2000ms);
+    // A lease etcd no longer has (expired, or forgotten by a restore) is gone as well.
+    if (st.ok() || st.to_string().find("not found") != std::string::npos) {
+      log::info("revoked a lease left over from an earlier campaign", {log::kv("lease", id)});
+    } else {
+      still.push_back(id);
+    }
+  }
+  leftover_leases_.swap(still);
 }
 
 int Elect::stop_command(pid_t pid, int first, bool* have_status) {
@@ -652,11 +675,27 @@ int Elect::run() {
                                 log::kv("renew_every_ms", keeper->renew_every().count())});
 
     // --- 2. Campaign (blocks until elected).
+    revoke_leftovers();
     log::info("campaigning", {log::kv("election", f_.election), log::kv("id", f_.id)});
     LeaderKey lk;
     Status cst;
-    w = run_watched([&](const std::atomic<bool>& cancel) { cst = client_.campaign(f_.election, lease, f_.id, &lk, &cancel); },
-                    keeper.get());
+    for (;;) {
+      w = run_watched([&](const std::atomic<bool>& cancel) { cst = client_.campaign(f_.election, lease, f_.id, &lk, &cancel); },
+                      keeper.get());
+      // A campaign cut off (etcd restarted, a broken connection) while the lease is still valid
+      // campaigns again with it: etcd takes up the lease's key where it is in line. A new lease
+      // would queue a second key behind the first, which leads with no process behind it.
+      if (w.why == Interrupt::none && !cst.ok() && keeper->valid()) {
+        log::warn("campaign interrupted; campaigning again with the same lease", {log::kv("error", cst.to_string())});
+        if (int sig = sleep_watching(backoff)) {
+          give_up(*keeper, std::nullopt);
+          return 128 + sig;
+        }
+        backoff = std::min(backoff * 2, milliseconds(5000));
+        continue;
+      }
+      break;
+    }
     if (w.why == Interrupt::signal) {
       log::info("signal while campaigning: giving up", {log::kv("signal", w.sig)});
       give_up(*keeper, std::nullopt);

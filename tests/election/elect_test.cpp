@@ -490,3 +490,38 @@ TEST_CASE("elect: a first etcd endpoint that accepts and never answers does not 
   INFO(r.err);
   CHECK(r.code() == 9);  // elected through the second endpoint, the command ran
 }
+
+// etcd restarted while B waits in line: B campaigns again with the lease it has, so its key keeps
+// its place. A new lease would queue a second key behind the abandoned one, which would lead next
+// with no process behind it (and be fenced) until its lease expired: a failover a TTL late.
+TEST_CASE("elect: a candidate cut off by an etcd restart keeps its place; the failover is not a TTL late") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  const std::vector<std::string> flags{"--etcd", etcd.url(), "--election", "ledger", "--ttl", "20"};
+  Contender a = start_contender(dir.path(), "a", flags);
+  REQUIRE(eventually([&] { return a.started_command(); }, 15s));
+  Contender b = start_contender(dir.path(), "b", flags);
+  fencegate::election::Client c(client_options(etcd));
+  auto keys = [&] {
+    std::vector<fencegate::election::KeyValue> kvs;
+    c.range("ledger/", "ledger0", &kvs);
+    return kvs.size();
+  };
+  REQUIRE(eventually([&] { return keys() == 2; }, 10s));
+  etcd.stop();
+  std::this_thread::sleep_for(1500ms);  // B's campaign call breaks
+  REQUIRE(etcd.start());
+  std::this_thread::sleep_for(3s);  // B is back in line (its backoff is 0.5-1 s)
+  CHECK(keys() == 2);  // no second key for B
+  CHECK(b.log().find("campaigning again with the same lease") != std::string::npos);
+  a.process->kill(SIGTERM);
+  REQUIRE(a.process->wait_for(15s).has_value());
+  const auto t0 = Clock::now();
+  CHECK(eventually([&] { return b.started_command(); }, 15s));
+  INFO(b.log());
+  CHECK(Clock::now() - t0 < 5s);  // not the 20 s TTL of an abandoned key
+  b.process->kill(SIGTERM);
+  b.process->wait_for(15s);
+}
