@@ -371,7 +371,11 @@ class OwnedStore final : public Store {
       stopping_ = true;
     }
     cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    if (!thread_.joinable()) return;
+    thread_.join();
+    // Files deleted since the last check (an `rm fence.db*` just before a stop) are put back now,
+    // while the connection still sees them: closing would drop the log into the deleted file.
+    (void)check_files();  // the store thread is gone: its state is this thread's now
   }
 
   ~OwnedStore() override {
@@ -1068,7 +1072,7 @@ std::unique_ptr<Store> Store::open(const std::string& given, std::string* error)
   return store;
 }
 
-std::unique_ptr<Store> Store::open_readonly(const std::string& path, std::string* error) {
+std::unique_ptr<Store> Store::open_readonly(const std::string& path, std::string* error, bool snapshot_ok) {
   std::string ignored;
   if (!error) error = &ignored;
   struct stat st {};
@@ -1085,7 +1089,7 @@ std::unique_ptr<Store> Store::open_readonly(const std::string& path, std::string
     // create files in the directory (an unprivileged operator, a read-only volume) reads the
     // file as it is.
     struct stat wal {};
-    if (e.find("readonly") == std::string::npos || ::stat((path + "-wal").c_str(), &wal) == 0) {
+    if (!snapshot_ok || e.find("readonly") == std::string::npos || ::stat((path + "-wal").c_str(), &wal) == 0) {
       *error = e;
       return nullptr;
     }

@@ -101,7 +101,10 @@ class Store {
 
   // Opens read-only, without taking ownership (for audit queries while a sidecar runs).
   // The returned Store supports only the read methods below; writes complete with an error.
-  static std::unique_ptr<Store> open_readonly(const std::string& path, std::string* error);
+  // `snapshot_ok`: a reader that may not create the -shm file may read a database that no
+  // writer has open (no -wal) as an immutable snapshot; not for a reader that waits for new
+  // rows (a sidecar started later would write them where an immutable reader never looks).
+  static std::unique_ptr<Store> open_readonly(const std::string& path, std::string* error, bool snapshot_ok = true);
 
   virtual ~Store() = default;  // stops the thread after committing what was queued
 

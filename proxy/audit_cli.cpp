@@ -538,7 +538,7 @@ int run_audit_cli(const std::vector<std::string>& args) {
   if (int rc = parse_args(args, &o); rc != kExitOk) return rc < 0 ? kExitOk : rc;
 
   std::string err;
-  std::unique_ptr<Store> s = Store::open_readonly(o.db, &err);
+  std::unique_ptr<Store> s = Store::open_readonly(o.db, &err, /*snapshot_ok=*/!o.follow);
   if (!s) return fail_runtime(err.empty() ? "cannot open database " + o.db : err);
 
   if (o.follow) return follow(*s, o);

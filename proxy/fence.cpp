@@ -132,6 +132,7 @@ FenceStats Fence::stats() {
 static void link(FenceResource* r, InflightNode* n, bool observed = false) {
   InflightNode& head = observed ? r->observed_head : r->head;
   n->resource = r;
+  n->generation = r->stored;
   n->observed = observed;
   n->aborted = false;
   n->prev = head.prev;
@@ -145,7 +146,9 @@ static void link(FenceResource* r, InflightNode* n, bool observed = false) {
 // forwarded under observe is in flight, and, when a newer generation is to be committed, no
 // admitted write of the older one either.
 static bool drained(const FenceResource* r) {
-  return r->observed == 0 && (r->seen == r->stored || r->inflight == 0);
+  // Admitted writes count whatever their generation: one admitted at a generation that observe
+  // mode has since advanced past (a switch to observe with writes in flight) is older.
+  return r->observed == 0 && r->inflight == 0;
 }
 
 void Fence::track_observed(FenceResource* r, InflightNode* node) {
@@ -430,19 +433,16 @@ void Fence::timer_loop() {
       } else if (r->advancing && !r->committing && r->drain_armed && !drained(r) &&
           std::chrono::steady_clock::now() >= r->drain_deadline) {
         r->drain_armed = false;
-        // Abort every exchange in the way: writes forwarded under observe mode, and the older
-        // generation's when a newer one is to be committed. Each releases its node once its
-        // socket is closed, and the last release goes on with the advance.
-        auto abort_all = [&aborted](InflightNode* h) {
-          for (InflightNode* n = h->next; n != h; n = n->next) {
-            if (n->aborted) continue;
-            n->aborted = true;
-            ++aborted;
-            if (n->abort) n->abort();
-          }
-        };
-        abort_all(&r->observed_head);
-        if (r->seen > r->stored) abort_all(&r->head);
+        // Abort every admitted exchange of an older generation; each releases its node once its
+        // socket is closed, and the last release goes on with the advance. Writes forwarded
+        // under observe mode are never aborted (observe mode stops nothing): they are waited
+        // for, as are writes of the generation the advance is for.
+        for (InflightNode* n = r->head.next; n != &r->head; n = n->next) {
+          if (n->aborted || n->generation >= r->seen) continue;
+          n->aborted = true;
+          ++aborted;
+          if (n->abort) n->abort();
+        }
       }
     }
     run(after);

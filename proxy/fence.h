@@ -14,7 +14,7 @@
 //                                 drain in-flight writes (abort them after drain_timeout), commit
 //                                 g durably, then admit the parked writes of generation g.
 //   Writes forwarded under observe mode that are still in flight (a switch to enforce) are
-//   drained the same way before any enforce write is admitted, even of the stored generation.
+//   waited for (never aborted) before any enforce write is admitted, even of the stored one.
 // Observe mode never rejects and never drains: it reports what enforce would have decided and
 // still advances the stored generation durably before the write is forwarded.
 //
@@ -51,6 +51,7 @@ struct InflightNode {
   std::function<void()> abort;
   FenceResource* resource = nullptr;  // set while linked
   bool observed = false;              // linked by track_observed() (observe mode)
+  std::int64_t generation = 0;        // the stored generation when it was linked
   bool aborted = false;               // set by the fence before calling abort
 };
 
@@ -120,10 +121,10 @@ class Fence {
   void release(InflightNode* node);
 
   // Observe mode: registers a write about to be forwarded (whatever its token) until release().
-  // Nothing waits for it in observe mode; but after a switch to enforce no enforce write is
-  // admitted, and no advance committed, while such a write is still in flight: the first enforce
-  // decision drains them like older writes (aborted after the drain timeout). No-op for nullptr
-  // (a resource over max_resources, untracked).
+  // Nothing waits for it in observe mode; but no enforce write is admitted, and no advance
+  // committed, while such a write is still in flight (a switch to enforce): the first enforce
+  // decision waits for them. They are never aborted, not even after the drain timeout (observe
+  // mode stops nothing). No-op for nullptr (a resource over max_resources, untracked).
   void track_observed(FenceResource* r, InflightNode* node);
 
   // Observe mode: never rejects and never drains. A higher generation is stored durably before

@@ -146,6 +146,9 @@ struct UpConn {
   Socket sock;
   ByteBuf buf;
   Clock::time_point idle_since{};  // when it went back to the pool
+  // This exchange's upstream began a success answer before it had the whole request (it streams
+  // while it reads): the rest of the request goes on, and is not watched for an answer again.
+  bool duplex = false;
 };
 
 class Session;
@@ -1664,6 +1667,10 @@ task<bool> Session::send_request(UpConn& up, Buffers& bufs, boost::system::error
     if (send_now(up.sock, bufs, ec)) co_return false;
     // A reset after an answer leaves the answer readable; with nothing there, the send failed.
     if (ec) co_return answered_early(up) && !up.buf.empty();
+    if (up.duplex) {  // its answer is under way and it still reads: just send
+      co_await net::async_write(up.sock, bufs, net::redirect_error(use_task, ec));
+      co_return false;
+    }
     struct Watch {
       bool fired = false;  // the upstream became readable while the write waited
       bool over = false;   // the write has ended
@@ -1694,8 +1701,10 @@ task<bool> Session::send_request(UpConn& up, Buffers& bufs, boost::system::error
 }
 
 // Reads what the upstream sent while the request was still going out. True iff that is the start
-// of its answer (a final response head, something that is not one, which the response path
-// refuses, or a close); a complete interim 1xx answer is dropped and does not count.
+// of a refusal (a final response head of 4xx/5xx, something that is not a response head, which
+// the response path refuses, or a close); a complete interim 1xx answer is dropped and does not
+// count. A 2xx/3xx head is an upstream that streams its answer while it reads: the request goes
+// on (up.duplex), and the head waits in up.buf for the response path.
 bool Session::answered_early(UpConn& up) {
   bool closed = false;
   for (;;) {
@@ -1705,6 +1714,10 @@ bool Session::answered_early(UpConn& up) {
           sc_->resp.status != 101) {
         up.buf.consume(s.length);
         continue;
+      }
+      if (s.status == HeadStatus::complete && sc_->resp.status >= 200 && sc_->resp.status < 400) {
+        up.duplex = true;
+        return false;
       }
       if (s.status != HeadStatus::incomplete) return true;
       break;
@@ -1877,6 +1890,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   if (ec || ex->aborted) co_return co_await upstream_failed(ec ? ec : net::error::operation_aborted, "connect");
   ex->up = std::move(conn);
   UpConn& up = *ex->up;
+  up.duplex = false;
   waiting_up_ = &up;
 
   if (expect_continue) {
@@ -2073,8 +2087,10 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     std::string_view status_line = view.substr(8, view.find("\r\n") - 8);  // " 200 OK"
     sc_->out.clear();
     append(sc_->out, std::string_view(version == 10 ? "HTTP/1.0" : "HTTP/1.1"), status_line, std::string_view("\r\n"));
+    bool has_date = false;
     for (const auto& f : rh.fields) {
       const FieldKind k = f.kind;
+      has_date = has_date || (f.name.size() == 4 && iequals(f.name, "Date"));
       if (is_hop_by_hop(k) || k == FieldKind::transfer_encoding) continue;
       // A 204 has no content, so no Content-Length (RFC 9110 8.6): a client that believed one
       // would wait for bytes that never come, or read the next response as them.
@@ -2085,6 +2101,8 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       if (named_by_connection(rh, f.name)) continue;
       append_field(sc_->out, f.name, f.value);
     }
+    // A response without a Date gets ours (RFC 9110 6.6.1: a recipient with a clock adds one).
+    if (!has_date) append_field(sc_->out, "Date", http_date());
     if (marks.generation) append_field(sc_->out, "Fencing-Generation", Decimal(static_cast<std::uint64_t>(*marks.generation)));
     if (!marks.observe.empty()) append_field(sc_->out, "Fencing-Observe", marks.observe);
     if (body == Body::length) append_field(sc_->out, "Content-Length", Decimal(body_len));

@@ -279,6 +279,16 @@ TEST_CASE("durability: a database deleted under a running sidecar fails closed, 
   bool found = false;
   for (const auto& r : read_audit(px.db())) found = found || r.target == "/stale";
   CHECK(found);
+
+  // `rm fence.db*` and a clean stop at once, before any check ran: the stop puts it back too.
+  REQUIRE_MESSAGE(px.start(), px.log_for_failure());
+  REQUIRE(is_2xx(request(px.port(), "POST", "/seven", token(7))));
+  for (const char* suffix : {"", "-wal", "-shm"}) std::filesystem::remove(px.db() + suffix);
+  auto stopped = px.stop();
+  CHECK(stopped.exited);
+  CHECK(std::filesystem::exists(px.db()));
+  REQUIRE_MESSAGE(px.start(), px.log_for_failure());
+  check_problem(request(px.port(), "POST", "/six", token(6)), 409, "default", 6, 7);
 }
 
 TEST_CASE("durability: a write-ahead log without its database refuses to start (exit 1)") {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <thread>
 
 #include "tests/integration/harness.h"
@@ -17,7 +18,7 @@ namespace {
 constexpr std::string_view kEarly =
     "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 8\r\nConnection: close\r\n\r\ntoo big\n";
 
-enum class After { close_at_once, hold_unread, interim_then_read };
+enum class After { close_at_once, hold_unread, interim_then_read, success_then_read };
 
 // Serves one connection at a time. Reads the request head, then, per `after`: answers kEarly and
 // closes with the body unread (the kernel resets the connection); answers kEarly and keeps the
@@ -48,8 +49,10 @@ class EarlyUpstream {
         if (read_some(c.get(), buf, 5s) != IoStatus::data) break;
       const std::size_t head_end = buf.find("\r\n\r\n");
       if (head_end == std::string::npos) continue;
-      if (after_ == After::interim_then_read) {
-        write_all(c.get(), "HTTP/1.1 100 Continue\r\n\r\n");
+      if (after_ == After::interim_then_read || after_ == After::success_then_read) {
+        // success_then_read: a streaming upstream that starts its 200 before reading the body.
+        if (after_ == After::interim_then_read) write_all(c.get(), "HTTP/1.1 100 Continue\r\n\r\n");
+        else write_all(c.get(), "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
         std::this_thread::sleep_for(300ms);
         std::string lower = to_lower(buf.substr(0, head_end));
         std::size_t p = lower.find("content-length:");
@@ -63,7 +66,13 @@ class EarlyUpstream {
         }
         body_read_ = have;
         std::string n = std::to_string(have);
-        write_all(c.get(), "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(n.size()) + "\r\n\r\n" + n);
+        if (after_ == After::success_then_read) {
+          char size[32];
+          std::snprintf(size, sizeof size, "%zx\r\n", n.size());
+          write_all(c.get(), size + n + "\r\n0\r\n\r\n");
+        } else {
+          write_all(c.get(), "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(n.size()) + "\r\n\r\n" + n);
+        }
         continue;  // the proxy may keep the connection; the next accept waits for another
       }
       write_all(c.get(), kEarly);
@@ -202,6 +211,24 @@ TEST_CASE("an interim 100 Continue before the upstream reads the body is not tak
   CHECK(u.status() == 200);
   CHECK(u.body() == std::to_string(size));
   CHECK(up.body_bytes_read() == size);
+}
+
+TEST_CASE("an upstream that starts a 200 before it has read the body still gets the whole body") {
+  EarlyUpstream up(After::success_then_read);
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.args = {"--upstream-timeout-ms", "20000"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  const std::size_t size = 32u << 20;  // the sends block while the upstream waits
+  const auto t0 = Clock::now();
+  Upload u = upload(px.port(), upload_head(size, false, true), size, false);
+  INFO("response: ", u.raw.substr(0, 400));
+  CHECK(u.status() == 200);
+  CHECK(up.body_bytes_read() == size);  // not cut off at the first answer bytes
+  CHECK(u.raw.find(std::to_string(size)) != std::string::npos);
+  CHECK(Clock::now() - t0 < 10s);
 }
 
 }  // TEST_SUITE

@@ -137,6 +137,24 @@ TEST_CASE("response framing: a close-delimited body under another transfer codin
   CHECK(r.response.body == "not-really-gzip");
 }
 
+TEST_CASE("response framing: a response without a Date gets one; an upstream's own Date is kept") {
+  RawUpstream up([](int, const std::string& head) {
+    if (head.find("/dated") != std::string::npos)
+      return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nDate: Tue, 01 Dec 2026 00:00:00 GMT\r\nContent-Length: 1\r\n\r\nd"};
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nu"};
+  });
+  Proxy px(spec_for(up.url()));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  auto r = request(px.port(), "GET", "/undated");
+  REQUIRE(r.ok());
+  CHECK(r.response.headers_named("Date").size() == 1);
+  CHECK(r.response.header("Date").size() == 29);  // IMF-fixdate
+  r = request(px.port(), "GET", "/dated");
+  REQUIRE(r.ok());
+  CHECK(r.response.headers_named("Date") == std::vector<std::string>{"Tue, 01 Dec 2026 00:00:00 GMT"});
+}
+
 TEST_CASE("response framing: an obsolete Transfer-Encoding: identity is not passed on as a coding") {
   RawUpstream up([](int, const std::string&) {
     return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\nplain", true};

@@ -769,37 +769,82 @@ TEST_CASE("fence: writes forwarded under observe are drained by the first enforc
   CHECK(f.stats().drain_aborts == 0);
 }
 
-TEST_CASE("fence: a write forwarded under observe that outlasts the drain timeout is aborted") {
+TEST_CASE("fence: writes forwarded under observe are waited for, never aborted by the drain timeout") {
   ManualStore s;
   Fence f(s, 100ms, kManyResources);
   establish(f, s, "r", 5);
   std::atomic<int> obs_aborts{0}, same_gen_aborts{0};
   InflightNode obs;
   obs.abort = [&] { obs_aborts.fetch_add(1); };
-  f.track_observed(f.find("r"), &obs);
   // A write of the stored generation admitted before the observe write was tracked (the order
   // of a switch's first moments) is of the generation that will be admitted: never aborted.
   InflightNode e5;
   e5.abort = [&] { same_gen_aborts.fetch_add(1); };
-  {
-    f.release(&obs);
-    REQUIRE(admit_now(f, "r", 5, &e5).verdict == Verdict::admit);
-    f.track_observed(f.find("r"), &obs);
-  }
+  REQUIRE(admit_now(f, "r", 5, &e5).verdict == Verdict::admit);
+  f.track_observed(f.find("r"), &obs);
   InflightNode e5b;
   Later l = admit_later(f, "r", 5, &e5b);
-  CHECK(wait_for_drain_aborts(f, 1) == 1);
-  CHECK(f.current("r") == 5);
-  CHECK(obs.aborted);
-  CHECK(obs_aborts.load() == 1);
+  std::this_thread::sleep_for(300ms);  // well past the drain timeout
+  CHECK(f.current("r") == 5);          // (synchronises with the timer thread)
+  CHECK_FALSE(obs.aborted);
+  CHECK(obs_aborts.load() == 0);
   CHECK_FALSE(e5.aborted);
   CHECK(same_gen_aborts.load() == 0);
-  CHECK_FALSE(l.called());  // aborting is not releasing
+  CHECK(f.stats().drain_aborts == 0);
+  CHECK_FALSE(l.called());
   f.release(&obs);
+  CHECK_FALSE(l.called());  // e5 is in flight too
+  f.release(&e5);
   CHECK(l.get().verdict == Verdict::admit);
   CHECK(s.pending() == 0);
-  f.release(&e5);
   f.release(&e5b);
+}
+
+// A switch from enforce to observe while an advance waits for an older write: observe mode may
+// make the newer generation durable meanwhile, but the parked write still waits for the older one.
+TEST_CASE("fence: an advance that observe mode commits meanwhile still waits for the older write in flight") {
+  ManualStore s;
+  Fence f(s, 10s, kManyResources);
+  establish(f, s, "r", 1);
+  InflightNode old1;
+  REQUIRE(admit_now(f, "r", 1, &old1).verdict == Verdict::admit);
+  InflightNode e2;
+  Later l2 = admit_later(f, "r", 2, &e2);  // parked: gen 1 is in flight
+  CHECK(s.pending() == 0);
+  // The route is now in observe: a write with token 2 commits generation 2 at once.
+  Later lo;
+  Decision now;
+  REQUIRE_FALSE(f.observe("r", 2, "L", &now, lo.fn()));
+  REQUIRE(s.pending() == 1);
+  s.complete();
+  CHECK(lo.get().verdict == Verdict::admit);
+  CHECK(f.current("r") == 2);
+  CHECK_FALSE(l2.called());  // gen 1 is still at the upstream
+  f.release(&old1);
+  CHECK(l2.get().verdict == Verdict::admit);
+  f.release(&e2);
+}
+
+TEST_CASE("fence: the drain timeout aborts only writes older than the generation waiting") {
+  ManualStore s;
+  Fence f(s, 100ms, kManyResources);
+  establish(f, s, "r", 1);
+  std::atomic<int> aborts{0};
+  InflightNode old1;
+  old1.abort = [&] { aborts.fetch_add(1); };
+  REQUIRE(admit_now(f, "r", 1, &old1).verdict == Verdict::admit);
+  InflightNode e2;
+  Later l2 = admit_later(f, "r", 2, &e2);
+  Later lo;
+  Decision now;
+  REQUIRE_FALSE(f.observe("r", 2, "L", &now, lo.fn()));  // observe commits 2 meanwhile
+  s.complete();
+  CHECK(wait_for_drain_aborts(f, 1) == 1);  // gen 1 is older than 2: aborted after the timeout
+  CHECK(aborts.load() == 1);
+  CHECK_FALSE(l2.called());
+  f.release(&old1);
+  CHECK(l2.get().verdict == Verdict::admit);
+  f.release(&e2);
 }
 
 TEST_CASE("fence: observe with the real store: the generation is durable when `later` runs") {
