@@ -1601,13 +1601,63 @@ void Session::arm_abort(Exchange& x) {
           // client read or write it waits in ends, and its client gets the 504 of an aborted
           // exchange rather than a 408 later.
           e->release();
-          e->client->cancel(ec);
+          if (e->client) e->client->cancel(ec);  // none once the exchange lingers (linger_after_timeout)
         }
         // (Without an upstream connection the session holds none yet: it sees `aborted` before
         // it connects or sends, and releases then.)
       }
     });
   };
+}
+
+// A fenced write whose upstream did not answer in time may still be applied there: closing our
+// socket cannot undo it. Its client has its 504, but the write stays in flight for the fence (a
+// newer generation's write or barrier waits for it, as for any older write) until the upstream
+// answers or closes, or a newer generation's drain timeout aborts it, or `cap` passes. Without
+// this, the upstream timeout would let a newer generation through while the older write could
+// still land after it.
+task<void> linger_after_timeout(std::shared_ptr<Exchange> ex, std::chrono::milliseconds cap) {
+  UpConn& up = *ex->up;
+  const auto started = Clock::now();
+  Timer limit(up.sock.get_executor());
+  auto capped = std::make_shared<bool>(false);
+  limit.expires_after(cap);
+  // Owns what it touches: an expiry already queued runs even after cancel() and this frame.
+  limit.async_wait([ex, capped](boost::system::error_code e) {
+    if (e || !ex->up) return;
+    *capped = true;
+    boost::system::error_code ignored;
+    ex->up->sock.close(ignored);
+  });
+  const char* how = "closed";
+  for (;;) {
+    if (!up.buf.empty()) {
+      ResponseHead rh;
+      HeadScan s = scan_response_head(up.buf.view(), kMaxResponseHeader, &rh);
+      if (s.status == HeadStatus::complete && rh.status >= 100 && rh.status < 200 && rh.status != 101) {
+        up.buf.consume(s.length);  // still working (102, 103): wait for its final answer
+        continue;
+      }
+      if (s.status != HeadStatus::incomplete) {
+        how = "answered";
+        break;
+      }
+    }
+    if (ex->aborted || *capped || !up.sock.is_open()) break;
+    boost::system::error_code ec;
+    std::size_t n = co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+    up.buf.commit(n);
+    if (ec) break;
+  }
+  limit.cancel();
+  if (ex->aborted) how = "aborted by a newer generation's drain";
+  else if (*capped) how = "not answered within the drain timeout";
+  log::warn("the write that timed out upstream is no longer in flight",
+            {log::kv("how", how),
+             log::kv("ms", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count())});
+  boost::system::error_code ignored;
+  up.sock.close(ignored);
+  ex->release();
 }
 
 // The first read of an upstream answer for a request that already waited on another thread
@@ -1802,11 +1852,20 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   };
   auto upstream_failed = [&](boost::system::error_code e, const char* stage) -> task<bool> {
     waiting_up_ = nullptr;
-    ex->release();
+    const bool timeout = e == net::error::timed_out && std::string_view(stage) != "connect";
+    // The whole request reached an upstream that has not answered: it may still apply it.
+    const bool linger = timeout && std::string_view(stage) == "response" && !ex->aborted && ex->up &&
+                        ex->node.resource != nullptr;
+    if (linger) {
+      ex->client = nullptr;  // the session and its socket go before the exchange does
+      net::co_spawn(w_.ioc, linger_after_timeout(ex, cfg.drain_timeout), net::detached);
+    } else {
+      ex->release();
+    }
     count(resource, Outcome::upstream_error);
     log::warn("upstream exchange failed", {log::kv("upstream", route.upstream), log::kv("stage", stage),
-                                           log::kv("error", e.message()), log::kv("aborted_by_drain", ex->aborted ? 1 : 0)});
-    const bool timeout = e == net::error::timed_out && std::string_view(stage) != "connect";
+                                           log::kv("error", e.message()), log::kv("aborted_by_drain", ex->aborted ? 1 : 0),
+                                           log::kv("still_in_flight", linger ? 1 : 0)});
     if (ex->aborted || timeout) {
       std::string detail = ex->aborted ? "a newer generation's drain timed out; this exchange was aborted"
                                        : std::string("the upstream did not answer in time (") + stage + ")";

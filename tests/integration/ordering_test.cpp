@@ -2,6 +2,7 @@
 // when the upstream got them have non-decreasing generations, and no exchange of a lower
 // generation overlaps one of a higher generation. Plus drain and drain timeout.
 #include "tests/integration/harness.h"
+#include "tests/integration/ops_harness.h"
 
 #include <atomic>
 #include <future>
@@ -203,6 +204,78 @@ TEST_CASE("ordering: drain timeout: the hung older exchange is aborted with 504,
   CHECK(reqs[1].target == "/gen2");
   CHECK(ms_between(reqs[0].arrival, reqs[1].arrival) >= 600);
   // The abort is seen by the upstream's own thread, so allow it a little scheduling slack.
+  CHECK(ms_between(reqs[0].completion, reqs[1].arrival) >= -100);
+}
+
+// The upstream timeout answers the older write's client (504), but the upstream still has the
+// whole request and may apply it: a newer generation must wait until it answers (here after
+// 1.5 s), not go at the timeout and be applied before the older write.
+TEST_CASE("ordering: an upstream timeout does not let a newer generation past the older write still at the upstream") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    return r.fencing_token() == 1 ? UpstreamAction::delayed(1500) : UpstreamAction{};
+  });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.args = {"--upstream-timeout-ms", "500", "--drain-timeout-ms", "10000"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+
+  auto old_write = std::async(std::launch::async, [&] { return timed_request(px.port(), "POST", "/gen1", token(1)); });
+  REQUIRE(up.wait_for_count(1, 10s));
+  auto o = old_write.get();
+  INFO("gen1: ", describe(o.result));
+  REQUIRE(o.result.ok());
+  check_problem(o.result, 504, std::nullopt, std::nullopt, std::nullopt, /*full_fence_members=*/false);
+  CHECK(o.elapsed < 1200ms);  // the client is answered at the timeout, not when the upstream is done
+
+  // A new leader's barrier and write both wait for the older write the upstream is working on.
+  auto barrier = std::async(std::launch::async, [&] {
+    return timed_request(admin, "POST", "/v1/resources/default/fence", token(2));
+  });
+  auto n = timed_request(px.port(), "POST", "/gen2", token(2));
+  auto b = barrier.get();
+  INFO("gen2: ", describe(n.result), "\nbarrier: ", describe(b.result));
+  CHECK(is_2xx(n.result));
+  CHECK(is_2xx(b.result));
+  auto reqs = up.requests();
+  REQUIRE(reqs.size() == 2);
+  CHECK(reqs[0].target == "/gen1");
+  CHECK(reqs[1].target == "/gen2");
+  CHECK(reqs[0].outcome == Outcome::responded);  // the upstream finished it
+  CHECK(reqs[0].completion <= reqs[1].arrival);
+  CHECK(ms_between(reqs[0].arrival, reqs[1].arrival) >= 1300);
+  // Later writes of the same generation no longer wait.
+  auto again = timed_request(px.port(), "POST", "/gen2-again", token(2));
+  CHECK(is_2xx(again.result));
+  CHECK(again.elapsed < 1s);
+}
+
+// An upstream that never answers a timed-out write holds the fence for drain_timeout_ms at most:
+// then the newer generation goes (the documented limit for upstreams slower than the drain).
+TEST_CASE("ordering: a timed-out write the upstream never answers holds a newer generation only up to the drain timeout") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    return r.fencing_token() == 1 ? UpstreamAction::hang() : UpstreamAction{};
+  });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.args = {"--upstream-timeout-ms", "300", "--drain-timeout-ms", "800"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+
+  auto o = timed_request(px.port(), "POST", "/gen1", token(1));
+  check_problem(o.result, 504, std::nullopt, std::nullopt, std::nullopt, /*full_fence_members=*/false);
+  auto n = timed_request(px.port(), "POST", "/gen2", token(2));
+  INFO("gen1: ", describe(o.result), "\ngen2: ", describe(n.result));
+  CHECK(is_2xx(n.result));
+  CHECK(n.elapsed >= 300ms);  // it waited for the older write...
+  CHECK(n.elapsed < 3s);      // ...only up to the drain timeout
+  REQUIRE(up.wait_for_outcome(0, 5s));
+  auto reqs = up.requests();
+  REQUIRE(reqs.size() == 2);
+  CHECK(reqs[0].outcome == Outcome::aborted_by_peer);
   CHECK(ms_between(reqs[0].completion, reqs[1].arrival) >= -100);
 }
 
