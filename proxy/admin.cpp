@@ -688,6 +688,17 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   if (std::any_of(leader.begin(), leader.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
     co_return problem(400, "bad-leader", "Bad request", "leader must not contain control characters");
 
+  // A barrier on a name no fencing route makes (a typo, the wrong case, an `off` route's resource)
+  // would protect nothing while the caller believes it fenced the real resource.
+  const std::string mode = mode_of(cfg, resource);
+  if (mode != "enforce" && mode != "observe")
+    co_return problem(404, "unfenced-resource", "Not a fenced resource",
+                      "no enforce or observe route makes resource \"" + resource + "\" (" +
+                          (mode == "off" ? "its route is off" : "no route names it") +
+                          "): a barrier on it would protect nothing",
+                      {{"resource", resource}});
+  const bool observe_mode = mode == "observe";
+
   // A resource bound to an election authority only advances to its current leader's generation:
   // the barrier must not become a way around the authority (a forged or stale token).
   if (rt.authorities) {
@@ -721,7 +732,9 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     }
   }
 
-  // Advance exactly as a write would (drain older in-flight writes, commit durably), then let go.
+  // Advance exactly as a write would, then let go: in enforce mode drain older in-flight writes
+  // and commit durably; in observe mode commit durably without draining (observe mode stops and
+  // waits for nothing: its writes keep coming, and a barrier waiting for them would never end).
   struct Wait {
     explicit Wait(net::io_context& ioc) : timer(ioc, net::steady_timer::time_point::max()) {}
     net::steady_timer timer;
@@ -731,12 +744,14 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   net::io_context& ioc = admin_.ioc;
   InflightNode node;
   Decision d;
-  bool now = rt.fence.admit(resource, g, leader, &node, &d, [w, &ioc](Decision dd) {
+  auto deliver = [w, &ioc](Decision dd) {
     net::post(ioc, [w, dd] {
       w->d = dd;
       w->timer.cancel();
     });
-  });
+  };
+  bool now = observe_mode ? rt.fence.observe(resource, g, leader, &d, deliver)
+                          : rt.fence.admit(resource, g, leader, &node, &d, deliver);
   if (!now) {
     while (!w->d) {
       boost::system::error_code ec;
@@ -744,8 +759,9 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     }
     d = *w->d;
   }
+  if (observe_mode && d.verdict == Verdict::admit && d.observe_stale) d.verdict = Verdict::stale;
   if (d.verdict == Verdict::admit) {
-    rt.fence.release(&node);
+    if (!observe_mode) rt.fence.release(&node);
     log::info("fenced", {log::kv("resource", resource), log::kv("generation", d.current), log::kv("leader", leader)});
     Reply ok = json_reply(200, {{"resource", resource}, {"generation", d.current}, {"leader", leader}});
     ok.extra_headers = "Fencing-Generation: " + std::to_string(d.current) + "\r\n";
@@ -763,7 +779,7 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     auto ep = sock_.remote_endpoint(ig);
     row.client = ig ? std::string() : ep.address().to_string();
     row.leader = leader;
-    row.mode = "enforce";
+    row.mode = observe_mode ? "observe" : "enforce";
     auto aw = std::make_shared<Wait>(admin_.ioc);
     auto st = std::make_shared<store::Status>(store::Status::OK());
     rt.store.append_audit(std::move(row), [aw, st, &ioc](store::Status s) {

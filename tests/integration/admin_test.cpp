@@ -397,6 +397,71 @@ TEST_CASE("admin: fence drains: it returns only after an older in-flight write c
   CHECK(sample(ss, "fencegate_drain_wait_seconds_sum").value_or(0) >= 0.5);
 }
 
+// A barrier on a name no fencing route makes would protect nothing: the real resource (here
+// "ledger") would stay open to the old leader while the caller believes it fenced it.
+TEST_CASE("admin: fence on a resource no enforce or observe route makes is a 404, and fences nothing") {
+  RecordingUpstream up;
+  json cfg = config_with_routes({route("/obs/", up.url(), "obs", "observe"), route("/off/", up.url(), "offres", "off"),
+                                 route("/t/{tenant}/", up.url(), "tenant-{tenant}", "enforce"),
+                                 route("/", up.url(), "ledger", "enforce")});
+  Proxy px(config_spec(cfg));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+
+  REQUIRE(is_2xx(request(px.port(), "POST", "/a", token(40))));
+  for (const char* name : {"ledgr", "Ledger", "offres", "tenant_acme"}) {
+    CAPTURE(name);
+    auto f = fence_call(admin, name, token(41));
+    INFO(describe(f));
+    CHECK(f.code() == 404);
+    CHECK(body_json(f)["resource"] == name);
+  }
+  CHECK(is_2xx(request(px.port(), "POST", "/still-open", token(40))));  // nothing was fenced
+  CHECK(fence_call(admin, "tenant-acme", token(41)).code() == 200);   // a template's resource is fenced
+  CHECK(fence_call(admin, "ledger", token(41)).code() == 200);
+  check_problem(request(px.port(), "POST", "/old", token(40)), 409, "ledger", 40, 41);
+}
+
+// Observe mode stops and waits for nothing: its writes keep coming during a migration, so a
+// barrier that drained them would never end (the new leader's `elect --fence` would time out).
+TEST_CASE("admin: fence on an observe-mode resource commits durably without waiting for observe traffic") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    return r.target.rfind("/obs/", 0) == 0 ? UpstreamAction::delayed(400) : UpstreamAction::respond();
+  });
+  Proxy px(config_spec(two_route_config(up)));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 4; ++t) {
+    writers.emplace_back([&, t] {
+      while (!stop) request(px.port(), "POST", "/obs/w" + std::to_string(t), token(1), "x", 10s);
+    });
+    std::this_thread::sleep_for(100ms);  // staggered: some observe write is in flight at every moment
+  }
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(4s);
+    stop = true;
+  });
+  std::this_thread::sleep_for(200ms);
+  auto f = timed_request(admin, "POST", "/v1/resources/obs/fence", token(5));
+  auto stale = fence_call(admin, "obs", token(3));
+  stopper.join();
+  for (auto& th : writers) th.join();
+  INFO("fence: ", describe(f.result), "\nstale: ", describe(stale));
+  CHECK(f.result.code() == 200);
+  CHECK(f.elapsed < 1500ms);
+  CHECK(admin_json(admin, "/v1/resources/obs")["generation"] == 5);
+  CHECK(stale.code() == 409);  // a stale leader is told so, in observe mode too
+  auto rows = audit_rows(admin, "?resource=obs&decision=rejected_stale");
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0]["mode"] == "observe");
+  CHECK(rows[0]["presented_generation"] == 3);
+}
+
 }  // TEST_SUITE admin_fence
 
 TEST_SUITE("admin_audit") {
