@@ -2072,6 +2072,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   if (rh.status == 101) {
     waiting_up_ = nullptr;
     ex->release();
+    count(resource, Outcome::upstream_error);
     {
       sc_->problem = Problem{502, "upstream-error", "Bad gateway", "the upstream switched protocols"};
       co_return co_await reply(sc_->problem, false, version, marks);
@@ -2181,6 +2182,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   // Response body.
   auto body_failed = [&](const std::string& why) -> bool {
     // The response head is already out: all we can do is cut the client connection.
+    count(resource, Outcome::upstream_error);
     log::warn("upstream response body failed", {log::kv("upstream", route.upstream), log::kv("error", why)});
     return false;
   };

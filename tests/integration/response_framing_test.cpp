@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "tests/integration/harness.h"
+#include "tests/integration/ops_harness.h"
 
 namespace fencegate::testing {
 namespace {
@@ -421,6 +422,41 @@ TEST_CASE("response framing: bytes an upstream sends after a response never beco
   INFO(describe(third));
   CHECK(third.code() == 200);
   CHECK(third.response.body == "/third");
+}
+
+
+// An upstream that fails after its response head went out (a body cut short, broken chunked
+// framing) or switches protocols unasked is an upstream error in the metrics like any other.
+TEST_CASE("response framing: failures after the response head count as upstream_error") {
+  RawUpstream up([](int, const std::string& head) {
+    if (head.find("/trunc") != std::string::npos)
+      return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc", true};
+    if (head.find("/badchunk") != std::string::npos)
+      return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n", false, "zz\r\n", 100};
+    if (head.find("/switch") != std::string::npos)
+      return RawUpstream::Answer{"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n", true};
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"};
+  });
+  Proxy px(spec_for(up.url()));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  auto errors = [&] {
+    return sample(parse_prometheus(metrics_text(admin)), "fencegate_requests_total",
+                  {{"resource", "default"}, {"decision", "upstream_error"}})
+        .value_or(0);
+  };
+  REQUIRE(is_2xx(request(px.port(), "POST", "/ok", token(5))));
+  CHECK(errors() == 0);
+  double before = 0;
+  for (const char* target : {"/trunc", "/badchunk", "/switch"}) {
+    CAPTURE(target);
+    auto r = request(px.port(), "POST", target, token(5), "x", 5s);
+    INFO(describe(r));
+    CHECK_FALSE((is_2xx(r) && r.response.body.size() == 100));  // never a complete-looking answer
+    CHECK(eventually([&] { return errors() == before + 1; }, 3s));
+    before = errors();
+  }
 }
 
 }  // namespace fencegate::testing
