@@ -452,8 +452,14 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
   const bool get = h.method == "GET" || h.method == "HEAD";
   const bool post = h.method == "POST";
 
-  if (path == "/healthz") co_return json_reply(200, {{"status", "ok"}});
-  if (path == "/readyz") co_return readyz();
+  if (path == "/healthz" || path == "/readyz") {
+    if (!get) {  // probes read; a write to a probe is a mistake worth saying (as elsewhere: 405)
+      Reply r = problem(405, "method-not-allowed", "Method not allowed", "probes answer GET and HEAD");
+      r.extra_headers = "Allow: GET, HEAD\r\n";
+      co_return r;
+    }
+    co_return path == "/healthz" ? json_reply(200, {{"status", "ok"}}) : readyz();
+  }
 
   // The admin API is not for browsers. Without a token it trusts whoever reaches loopback, and a
   // web page in a browser on this host reaches it too: a cross-site POST to the fence endpoint
@@ -518,6 +524,8 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
       is_fence = true;
       rest.remove_suffix(6);
     }
+    if (rest.find('/') != std::string_view::npos)  // a resource name has no '/': no such endpoint
+      co_return problem(404, "not-found", "Not found", "no such admin endpoint; see GET /");
     std::string id(rest);
     if (!valid_resource_name(id))
       co_return problem(400, "bad-resource", "Bad request", "a resource name is 1-256 of [A-Za-z0-9._~:-]");
@@ -867,7 +875,7 @@ Reply AdminSession::audit(const std::map<std::string, std::string>& q) {
     return problem(400, "bad-query", "Bad request", err);
   // until is exclusive, and 0 means "no bound" to the store: an until at or before the epoch
   // matches nothing, so it becomes the earliest bound that does the same.
-  if (q.count("until") && aq.until_ms <= 0) aq.until_ms = 1;
+  if (!param(q, "until").empty() && aq.until_ms <= 0) aq.until_ms = 1;  // (empty: absent, as elsewhere)
   aq.before_id = cursor;
   aq.limit = static_cast<int>(limit) + 1;  // one more tells whether another page exists
   store::Status st = store::Status::OK();

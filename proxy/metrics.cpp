@@ -54,7 +54,6 @@ void Histogram::observe(double seconds) {
   while (i < bounds_.size() && seconds > bounds_[i]) ++i;
   counts_[i].fetch_add(1, std::memory_order_relaxed);
   sum_ns_.fetch_add(static_cast<std::uint64_t>(seconds * 1e9), std::memory_order_relaxed);
-  count_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Histogram::render(std::string& out, std::string_view name, std::string_view labels) const {
@@ -68,7 +67,9 @@ void Histogram::render(std::string& out, std::string_view name, std::string_view
   }
   std::string l = labels.empty() ? std::string() : "{" + std::string(labels) + "}";
   out += std::string(name) + "_sum" + l + " " + fmt_double(sum_ns_.load() / 1e9) + "\n";
-  out += std::string(name) + "_count" + l + " " + std::to_string(count_.load()) + "\n";
+  // The +Inf bucket's value: a separate total read apart from the buckets could disagree with it
+  // under load, and a scrape must be self-consistent (+Inf == _count).
+  out += std::string(name) + "_count" + l + " " + std::to_string(cum) + "\n";
 }
 
 Metrics::Metrics(std::size_t max_resource_labels) : max_labels_(max_resource_labels) {}

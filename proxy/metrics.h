@@ -51,7 +51,6 @@ class Histogram {
   const std::vector<double> bounds_;
   std::unique_ptr<std::atomic<std::uint64_t>[]> counts_;  // bounds_.size() + 1 (+Inf)
   std::atomic<std::uint64_t> sum_ns_{0};
-  std::atomic<std::uint64_t> count_{0};
 };
 
 struct ResourceCounters {

@@ -1902,6 +1902,19 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     }
     co_return false;
   };
+  // The client went (a write to it failed or timed out) while the upstream may still be working
+  // on this fenced write: the write stays in flight for the fence until the upstream's answer
+  // has ended, so the answer is read to its end and dropped. False when nothing is to wait for
+  // (not a fenced write, or no longer in flight): the exchange just ends.
+  bool client_gone = false;
+  auto client_went = [&]() -> bool {
+    if (!ex->node.resource || ex->aborted) return false;
+    client_gone = true;
+    timed_out_ = false;
+    boost::system::error_code ignored;
+    client_.shutdown(tcp::socket::shutdown_both, ignored);
+    return true;
+  };
   // The upstream request head: hop-by-hop fields go (RFC 9110 7.6.1), X-Forwarded-For and
   // Forwarded get the client appended, framing is restated from what was validated.
   {
@@ -2032,13 +2045,15 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
             for (const auto& f : rh.fields)
               if (!is_hop_by_hop(f.kind) && !named_by_connection(rh, f.name)) append_field(sc_->out, f.name, f.value);
             sc_->out += "\r\n";
-            arm(cfg.body_timeout);
-            std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
-            if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
-            if (settle(ec)) {
-              waiting_up_ = nullptr;
-              ex->release();
-              co_return false;
+            if (!client_gone) {
+              arm(cfg.body_timeout);
+              std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+              if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+              if (settle(ec) && !client_went()) {
+                waiting_up_ = nullptr;
+                ex->release();
+                co_return false;
+              }
             }
           }
           up.buf.consume(rh_len);
@@ -2206,9 +2221,11 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
         std::array<net::const_buffer, 2> b{net::buffer(sc_->out.data(), head_sent ? 0 : sc_->out.size()),
                                            net::buffer(up.buf.view().data(), n)};
         if (!head_sent || n) {
-          arm(cfg.body_timeout);
-          if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
-          if (settle(ec)) co_return false;
+          if (!client_gone) {
+            arm(cfg.body_timeout);
+            if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+            if (settle(ec) && !client_went()) co_return false;
+          }
           head_sent = true;
         }
         up.buf.consume(n);
@@ -2253,9 +2270,11 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
         if (done) exchange_over();
         if (chunk_out) frame_chunk(gather, size_slot, frame, total, done);  // else the runs go raw
         if (!head_sent || total || (done && chunk_out)) {
-          arm(cfg.body_timeout);
-          if (!send_now(client_, gather, ec) && !ec) co_await net::async_write(client_, gather, net::redirect_error(use_task, ec));
-          if (settle(ec)) co_return false;
+          if (!client_gone) {
+            arm(cfg.body_timeout);
+            if (!send_now(client_, gather, ec) && !ec) co_await net::async_write(client_, gather, net::redirect_error(use_task, ec));
+            if (settle(ec) && !client_went()) co_return false;
+          }
           head_sent = true;
         }
         up.buf.consume(used);
@@ -2277,7 +2296,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   waiting_up_ = nullptr;
   ex->release();
   if (up_reusable && !ex->aborted && up.buf.empty()) give_back(route, std::move(ex->up));
-  co_return keep;
+  co_return keep && !client_gone;
 }
 
 // ---------------------------------------------------------------------------------------------

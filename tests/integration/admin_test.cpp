@@ -767,6 +767,17 @@ TEST_CASE("admin: 405 says what is allowed; a fence leader with control characte
   CHECK(r.code() == 400);
   CHECK(body_json(r).value("detail", "").find("control characters") != std::string::npos);
   CHECK(request(admin, "GET", "/v1/resources/ledger").code() == 404);
+  for (const char* probe : {"/healthz", "/readyz"}) {  // probes are read, not written
+    CAPTURE(probe);
+    r = request(admin, "POST", probe);
+    CHECK(r.code() == 405);
+    CHECK(r.response.header("Allow") == "GET, HEAD");
+  }
+  CHECK(request(admin, "GET", "/v1/resources/ledger/history").code() == 404);  // no such endpoint, not a bad name
+  // An empty parameter is an absent one, until= too.
+  REQUIRE(request(px.port(), "POST", "/w", token(5)).code() == 200);
+  REQUIRE(request(px.port(), "POST", "/w", token(4)).code() == 409);
+  CHECK(audit_rows(admin, "?until=&since=&resource=").size() == 1);
   // A head over the admin limit is answered, not reset.
   auto big = request(admin, "GET", "/v1/audit", {{"X-Big", std::string(20000, 'a')}});
   INFO(describe(big));

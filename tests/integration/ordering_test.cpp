@@ -279,6 +279,43 @@ TEST_CASE("ordering: a timed-out write the upstream never answers holds a newer 
   CHECK(ms_between(reqs[0].completion, reqs[1].arrival) >= -100);
 }
 
+// The older write's client goes while the upstream still works on it and says so with 102s:
+// the proxy cannot pass them on, but the write is still in flight upstream, so a newer
+// generation waits until the upstream is done with it. (A streamed answer: response_framing_test.)
+TEST_CASE("ordering: an older write whose client left is still waited for while the upstream works on it") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    UpstreamAction a = r.fencing_token() == 1 ? UpstreamAction::delayed(1500) : UpstreamAction{};
+    if (r.fencing_token() == 1) {
+      a.interim = "HTTP/1.1 102 Processing\r\n\r\n";
+      a.interim_every_ms = 200;
+    }
+    return a;
+  });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.args = {"--drain-timeout-ms", "10000"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  {
+    HttpClient old_client;
+    REQUIRE(old_client.connect(px.port()));
+    REQUIRE(old_client.send("POST /gen1 HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 1\r\nContent-Length: 1\r\n\r\nx"));
+    REQUIRE(up.wait_for_count(1, 10s));
+    std::this_thread::sleep_for(300ms);
+    old_client.close();  // gone, mid-exchange
+  }
+  std::this_thread::sleep_for(300ms);  // the proxy's next 102 to it fails
+  auto n = timed_request(px.port(), "POST", "/gen2", token(2));
+  INFO("gen2: ", describe(n.result));
+  CHECK(is_2xx(n.result));
+  auto reqs = up.requests();
+  REQUIRE(reqs.size() == 2);
+  CHECK(reqs[1].target == "/gen2");
+  CHECK(reqs[0].completion <= reqs[1].arrival);
+  CHECK(ms_between(reqs[0].arrival, reqs[1].arrival) >= 1300);
+}
+
 TEST_CASE("ordering: drain timeout: an older write stalled on its own client does not hold the newer one past it") {
   RecordingUpstream up;
   ProxySpec spec;

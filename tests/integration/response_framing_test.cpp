@@ -27,6 +27,7 @@ class RawUpstream {
     bool close_after = false;
     std::string late{};  // written late_ms after bytes, unasked (a buggy upstream)
     int late_ms = 0;
+    int late_repeat = 1;  // `late` is written this many times, late_ms apart
   };
   explicit RawUpstream(std::function<Answer(int n, const std::string& head)> respond) : respond_(std::move(respond)) {
     fd_ = listen_loopback(&port_).release();
@@ -76,7 +77,7 @@ class RawUpstream {
       buf.erase(0, chunked ? buf.find("0\r\n\r\n", end + 4) + 5 : need);
       Answer a = respond_(count_++, head);
       if (!write_all(c, a.bytes) || a.close_after) return (void)::close(c);
-      if (!a.late.empty()) {
+      for (int i = 0; i < a.late_repeat && !a.late.empty(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(a.late_ms));
         if (!write_all(c, a.late)) return (void)::close(c);
       }
@@ -457,6 +458,41 @@ TEST_CASE("response framing: failures after the response head count as upstream_
     CHECK(eventually([&] { return errors() == before + 1; }, 3s));
     before = errors();
   }
+}
+
+// An upstream that streams its answer (the head at once, a byte every 200 ms for 1.6 s) to a client that
+// leaves meanwhile: the write is in flight until the upstream has finished it, so a newer
+// generation reaches the upstream only after that.
+TEST_CASE("response framing: a streamed answer whose client left still holds a newer generation until it ends") {
+  std::mutex m;
+  Clock::time_point first_at{}, second_at{};
+  RawUpstream up([&](int n, const std::string&) {
+    std::lock_guard l(m);
+    if (n == 0) {
+      first_at = Clock::now();
+      return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nabc", false, "d", 200, 8};
+    }
+    second_at = Clock::now();
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"};
+  });
+  ProxySpec spec = spec_for(up.url());
+  spec.args = {"--drain-timeout-ms", "10000"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  {
+    HttpClient old_client;
+    REQUIRE(old_client.connect(px.port()));
+    REQUIRE(old_client.send("POST /gen1 HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 1\r\nContent-Length: 1\r\n\r\nx"));
+    std::this_thread::sleep_for(300ms);
+    old_client.close();  // gone, with the head and 3 bytes relayed
+  }
+  std::this_thread::sleep_for(300ms);
+  auto r = request(px.port(), "POST", "/gen2", token(2), "y", 10s);
+  INFO(describe(r));
+  CHECK(is_2xx(r));
+  std::lock_guard l(m);
+  CHECK(ms_between(first_at, second_at) >= 1300);
 }
 
 }  // namespace fencegate::testing

@@ -392,7 +392,15 @@ void RecordingUpstream::serve(int fd, std::uint64_t conn_id) {
       ::shutdown(fd, SHUT_RDWR);
       break;
     }
-    if (action.delay_ms > 0 && !watchful_wait(fd, action.delay_ms, &peer_gone)) {
+    bool waited = true;
+    if (!action.interim.empty()) write_all(fd, action.interim);
+    for (int left = action.delay_ms; left > 0 && waited;) {
+      const int slice = action.interim_every_ms > 0 ? std::min(left, action.interim_every_ms) : left;
+      waited = watchful_wait(fd, slice, &peer_gone);
+      left -= slice;
+      if (waited && left > 0 && !action.interim.empty() && action.interim_every_ms > 0) write_all(fd, action.interim);
+    }
+    if (!waited) {
       finish(index, peer_gone ? Outcome::aborted_by_peer : Outcome::stopped, Clock::now());
       break;
     }

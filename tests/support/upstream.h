@@ -73,6 +73,10 @@ struct UpstreamAction {
   int status = 200;
   Headers headers;              // extra response headers ("Connection: close" closes after it)
   std::optional<std::string> body;  // nullopt: default JSON echo
+  // Written at once and then every interim_every_ms while the delay runs (a "102 Processing"
+  // of a server still working): respond only.
+  std::string interim;
+  int interim_every_ms = 0;
 
   static UpstreamAction respond(int status = 200, int delay_ms = 0) {
     UpstreamAction a;
