@@ -417,6 +417,13 @@ class DuplicateKeyFinder {
         }
         break;
       case json::parse_event_t::value:
+        // A NUL would cut a path or a token where the C library reads it (a db path "a\u0000b"
+        // opens "a"): no setting has a use for one.
+        if (parsed.is_string() && parsed.get_ref<const std::string&>().find('\0') != std::string::npos && !stack_.empty()) {
+          const Frame& top = stack_.back();
+          errors_->push_back((top.array ? top.path + "[" + std::to_string(top.next_index) + "]" : join(top.path, top.last_key)) +
+                             ": must not contain a NUL character (\\u0000)");
+        }
         if (!stack_.empty() && stack_.back().array) {
           Frame& top = stack_.back();
           ++top.next_index;

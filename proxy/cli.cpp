@@ -1,4 +1,5 @@
 // `fencegate` command-line dispatch. Exit codes: 0 ok, 1 runtime failure, 2 usage or config error.
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -56,6 +57,9 @@ int run_cli(int argc, char** argv) {
   if (cmd == "elect") return election::run_elect(std::vector<std::string>(args.begin() + 1, args.end()));
   if (cmd == "leader") return election::run_leader(std::vector<std::string>(args.begin() + 1, args.end()));
   if (cmd == "serve") {
+    // SIGHUP means "reload" to a running sidecar; until its handler is installed (after the store
+    // is open), one must not end the process (the default action).
+    std::signal(SIGHUP, SIG_IGN);
     std::vector<std::string> rest(args.begin() + 1, args.end());
     config::LoadResult r = config::load_serve(rest);
     if (r.help) {

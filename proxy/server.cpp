@@ -1342,6 +1342,8 @@ task<bool> Session::handle(std::size_t head_len) {
                    : cfg.leader_header + " is longer than " + std::to_string(cfg.max_leader_bytes) + " bytes";
     }
     std::string leader(lv.substr(0, cfg.max_leader_bytes));
+    // Marked as cut: "worker-ab" kept as "worker-a" would pin the row on another leader.
+    if (lv.size() > cfg.max_leader_bytes) leader += "...(truncated)";
     const bool enforce = route.mode == Mode::enforce;
     marks.resource = m.resource;
     if (ts == TokenState::ok) marks.presented = g;

@@ -235,6 +235,15 @@ TEST_CASE("duplicate JSON keys are errors, not silently last-wins") {
   CHECK(has_error(r, "db: duplicate key"));
 }
 
+TEST_CASE("a NUL character in a config string is an error naming the field") {
+  auto r = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}], "db": "/var/lib/a\u0000b.db",
+      "admin": {"token_file": "/run/t\u0000"}})");
+  CHECK_FALSE(r.config);
+  INFO(joined(r.errors));
+  CHECK(has_error(r, "db: must not contain a NUL character (\\u0000)"));
+  CHECK(has_error(r, "admin.token_file: must not contain a NUL character (\\u0000)"));
+}
+
 TEST_CASE("route validation") {
   auto errs = [](const std::string& route) {
     return load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}, )" + route + "]}");

@@ -169,6 +169,15 @@ TEST_CASE("audit: each enforce rejection has a durable row by the time the clien
   }
   CHECK(find_row(rows, "/a") == nullptr);  // a forwarded advance is not a rejection
 
+  // A leader over max_leader_bytes is refused, and its row does not name another leader.
+  const std::string long_leader = "node-a" + std::string(300, 'x');
+  check_problem(c.request("POST", "/long", token(5, {{"Fencing-Leader", long_leader}})), 400, "orders", 0, 5);
+  rows = read_audit(px.db());
+  auto* cut = find_row(rows, "/long");
+  REQUIRE(cut != nullptr);
+  CHECK(cut->decision == "rejected_malformed");
+  CHECK(cut->leader.find("(truncated)") != std::string::npos);
+
   auto res = read_resources(px.db());
   REQUIRE(res.size() == 1);
   CHECK(res[0].resource == "orders");
