@@ -1956,14 +1956,41 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     else if (fr.content_length) append_field(out, "Content-Length", Decimal(*fr.content_length));
     append(out, std::string_view("\r\n"));
   }
+  const bool safe_bodiless = (head.method == "GET" || head.method == "HEAD" || head.method == "OPTIONS") &&
+                             !fr.chunked && fr.content_length.value_or(0) == 0 && !expect_continue;
   sc_->in.consume(head_len);  // `head` is not used past this point
 
   // Upstream connection.
   std::unique_ptr<UpConn> conn = pooled_upstream(route);
+  const bool reused = conn != nullptr;
   if (!conn) conn = co_await connect_upstream(route, ex, ec);
   if (ec || ex->aborted) co_return co_await upstream_failed(ec ? ec : net::error::operation_aborted, "connect");
   ex->up = std::move(conn);
   UpConn& up = *ex->up;
+
+  // A pooled connection the upstream closes just as it is reused (its keep-alive timeout: a race
+  // no peek can close) fails a request its application never saw. A bodiless GET, HEAD or
+  // OPTIONS is safe to send again (RFC 9110 9.2.1, RFC 9112 9.3.1): once, on a new connection,
+  // when nothing at all came back. Anything with a body, writes above all, is not retried.
+  bool may_retry = reused && safe_bodiless;
+  auto retry_fresh = [&](boost::system::error_code e) -> task<bool> {
+    if (!may_retry || !up.buf.empty() || timed_out_ || ex->aborted) co_return false;
+    if (e != net::error::eof && e != net::error::connection_reset && e != net::error::broken_pipe) co_return false;
+    may_retry = false;
+    std::unique_ptr<UpConn> keep = std::move(ex->up);  // `up` (connect_upstream uses ex->up meanwhile)
+    boost::system::error_code cec;
+    std::unique_ptr<UpConn> fresh = co_await connect_upstream(route, ex, cec);
+    ex->up = std::move(keep);
+    if (cec || ex->aborted) co_return false;
+    up.sock = std::move(fresh->sock);
+    waiting_up_ = &up;
+    arm(cfg.upstream_timeout);
+    std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+    boost::system::error_code sec;
+    const bool answered = co_await send_request(up, b, sec);
+    sec = settle(sec);
+    co_return !sec || answered;
+  };
   up.duplex = false;
   waiting_up_ = &up;
 
@@ -1988,6 +2015,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     std::array<net::const_buffer, 2> b{net::buffer(sc_->out), net::buffer(sc_->in.view().data(), pre)};
     early = co_await send_request(up, b, ec);
     ec = settle(ec);
+    if (ec && !early && co_await retry_fresh(ec)) ec.clear();
     if (ec && !early) co_return co_await upstream_failed(ec, "send");
     sc_->in.consume(pre);
     left -= pre;
@@ -2084,6 +2112,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       up.buf.commit(got);
       ec = settle(ec);
     }
+    if (ec && co_await retry_fresh(ec)) continue;
     if (ec) co_return co_await upstream_failed(ec, "response");
   }
   if (rh.status == 101) {

@@ -495,4 +495,32 @@ TEST_CASE("response framing: a streamed answer whose client left still holds a n
   CHECK(ms_between(first_at, second_at) >= 1300);
 }
 
+// A pooled connection that the upstream closes as the next request arrives (a keep-alive
+// timeout racing the reuse): a bodiless GET is sent again, once, on a new connection; a write is
+// not (it may not be safe to repeat), its client gets the 502.
+TEST_CASE("upstream pool: a GET on a pooled connection closed under it is retried once; a write is not") {
+  std::atomic<int> seen_c{0};
+  RawUpstream up([&](int n, const std::string& head) {
+    if (head.find("/c ") != std::string::npos) ++seen_c;
+    if (n == 1 || n == 3) return RawUpstream::Answer{"", true};  // closes without an answer
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"};
+  });
+  Proxy px(spec_for(up.url()));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  REQUIRE(c.request("GET", "/a").code() == 200);  // n=0; its connection goes to the pool
+  auto b = c.request("GET", "/b");                 // n=1 closes; retried as n=2 on a new connection
+  INFO(describe(b));
+  CHECK(b.code() == 200);
+  CHECK(up.connections() == 2);
+  HttpClient w;
+  REQUIRE(w.connect(px.port()));
+  auto r = w.request("POST", "/c", token(1), "x");  // n=3 closes: not sent again
+  INFO(describe(r));
+  CHECK(r.code() == 502);
+  CHECK(seen_c == 1);
+}
+
 }  // namespace fencegate::testing
