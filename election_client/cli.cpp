@@ -83,8 +83,9 @@ constexpr const char* kElectUsage =
     "     exits 75 -- or campaigns again with --recampaign;\n"
     "  5. when COMMAND exits: SIGKILL to what is left of its process group, resign, revoke the\n"
     "     lease, exit with COMMAND's status (128+N if killed by signal N).\n"
-    "  SIGTERM/SIGINT are passed to the command's process group (SIGKILL after --grace-ms),\n"
-    "  then elect resigns and exits with the command's status. If elect itself dies (even by\n"
+    "  SIGTERM/SIGINT are passed to the command's process group (SIGHUP/SIGQUIT as SIGTERM;\n"
+    "  SIGKILL after --grace-ms), then elect resigns and exits with the command's status;\n"
+    "  SIGUSR1/SIGUSR2 are passed on and change nothing else. If elect itself dies (even by\n"
     "  SIGKILL), the command's whole process group gets SIGKILL (a guardian process watches elect).\n"
     "\n"
     "Flags:\n"
@@ -200,9 +201,16 @@ sigset_t handled_signals() {
   sigemptyset(&s);
   sigaddset(&s, SIGTERM);
   sigaddset(&s, SIGINT);
+  sigaddset(&s, SIGHUP);   // a closed terminal or ssh session: stop cleanly (resign), not die
+  sigaddset(&s, SIGQUIT);
+  sigaddset(&s, SIGUSR1);  // passed on to the command, never fatal to elect
+  sigaddset(&s, SIGUSR2);
   sigaddset(&s, SIGCHLD);
   return s;
 }
+
+// Signals that stop elect the way SIGTERM does: the command is stopped, elect resigns.
+bool is_stop_signal(int sig) { return sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT; }
 
 // Waits up to `timeout` for SIGTERM, SIGINT or SIGCHLD. Returns the signal, or 0.
 int wait_signal(milliseconds timeout) {
@@ -412,7 +420,7 @@ Waited run_watched(const std::function<void(const std::atomic<bool>&)>& work, co
   while (!done) {
     int sig = wait_signal(50ms);
     if (w.why != Interrupt::none) continue;
-    if (sig == SIGTERM || sig == SIGINT) {
+    if (is_stop_signal(sig)) {
       w = {Interrupt::signal, sig};
       cancel = true;
     } else if (keeper && !keeper->valid()) {
@@ -430,7 +438,7 @@ int sleep_watching(milliseconds d) {
   while (Clock::now() < until) {
     auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
     int sig = wait_signal(std::min(left, milliseconds(50)) + 1ms);
-    if (sig == SIGTERM || sig == SIGINT) return sig;
+    if (is_stop_signal(sig)) return sig;
   }
   return 0;
 }
@@ -802,13 +810,17 @@ int Elect::run() {
         lost = true;
         break;
       }
-      if (sig == SIGTERM || sig == SIGINT) {
+      if (sig == SIGUSR1 || sig == SIGUSR2) kill(-pid, sig);  // the command's own business
+      if (is_stop_signal(sig)) {
+        // SIGHUP and SIGQUIT stop the command as SIGTERM does (to a daemon SIGHUP may mean
+        // "reload", which would not stop it before the SIGKILL).
+        const int pass = sig == SIGHUP || sig == SIGQUIT ? SIGTERM : sig;
         if (!forwarded) {
-          log::info("passing the signal to the command", {log::kv("signal", sig), log::kv("pid", pid)});
-          forwarded = sig;
+          log::info("passing the signal to the command", {log::kv("signal", sig), log::kv("sent", pass), log::kv("pid", pid)});
+          forwarded = pass;
           kill_at = Clock::now() + milliseconds(f_.grace_ms);
         }
-        kill(-pid, sig);
+        kill(-pid, pass);
       }
       if (forwarded && Clock::now() >= kill_at) {
         log::warn("command still running after the grace period: SIGKILL", {log::kv("pid", pid)});
@@ -904,7 +916,7 @@ int run_elect(const std::vector<std::string>& args) {
   if (!r.errors.empty()) return usage_error("elect", r.errors);
   if (f.id.empty()) f.id = default_id();
 
-  // SIGTERM/SIGINT/SIGCHLD are taken with sigtimedwait(); block them before any thread exists
+  // The handled signals are taken with sigtimedwait(); block them before any thread exists
   // so every thread inherits the mask.
   sigset_t s = handled_signals();
   pthread_sigmask(SIG_BLOCK, &s, nullptr);

@@ -113,6 +113,39 @@ TEST_CASE("elect: the command gets the token in its environment; its exit status
   CHECK(leader_of(etcd, "billing").code() == 3);
 }
 
+// A closed terminal (SIGHUP) or SIGQUIT must not kill elect outright, leaving its leader key to
+// the TTL: the command is stopped with SIGTERM and elect resigns. SIGUSR1 only reaches the command.
+TEST_CASE("elect: SIGHUP and SIGQUIT stop the command with SIGTERM and resign; SIGUSR1 is passed on") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  for (int sig : {SIGHUP, SIGQUIT}) {
+    CAPTURE(sig);
+    Contender a = start_contender(dir.path(), "a" + std::to_string(sig),
+                                  {"--etcd", etcd.url(), "--election", "billing", "--id", "worker-a", "--ttl", "30"});
+    INFO(both_logs(a));
+    REQUIRE(eventually([&] { return a.started_command(); }, 10s));
+    if (sig == SIGHUP) {
+      a.process->kill(SIGUSR1);  // the command (sleep) dies of it: elect does not, and passes it on
+      auto st = a.process->wait_for(10s);
+      REQUIRE(st.has_value());
+      CHECK(st->code == 128 + SIGUSR1);  // the command's status
+      CHECK(leader_of(etcd, "billing").code() == 3);
+      a = start_contender(dir.path(), "b" + std::to_string(sig),
+                          {"--etcd", etcd.url(), "--election", "billing", "--id", "worker-a", "--ttl", "30"});
+      REQUIRE(eventually([&] { return a.started_command(); }, 10s));
+    }
+    a.process->kill(sig);
+    auto st = a.process->wait_for(10s);
+    REQUIRE(st.has_value());
+    CHECK(st->exited);
+    CHECK(st->code == 128 + SIGTERM);  // the command got SIGTERM
+    CHECK_FALSE(pid_alive(a.child_pid()));
+    CHECK(leader_of(etcd, "billing").code() == 3);  // resigned: no leader key left for the TTL (30 s)
+  }
+}
+
 TEST_CASE("elect: the command starts only after every fence answered 200 (activation barrier)") {
   FG_REQUIRE_ETCD();
   EtcdServer etcd;
