@@ -1050,7 +1050,10 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
   if (config_file) {
     c.config_file = config_file->value;
     std::string text;
-    if (std::string err = read_file(config_file->value, text); !err.empty()) {
+    if (config_file->value.empty()) {
+      errors.push_back(config_file->source + ": must name a config file (got \"\")");
+      parsed = false;
+    } else if (std::string err = read_file(config_file->value, text); !err.empty()) {
       errors.push_back(config_file->value + ": cannot read (" + err + ")");
       parsed = false;
     } else {

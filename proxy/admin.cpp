@@ -133,7 +133,11 @@ std::map<std::string, std::string> parse_query(std::string_view q, std::string* 
       *error = "bad percent-encoding in the query string";
       return {};
     }
-    out[k] = v;
+    // ?resource=a&resource=b must not quietly mean b (nor a): say so.
+    if (!out.emplace(k, v).second) {
+      *error = k + ": given more than once";
+      return {};
+    }
   }
   return out;
 }
@@ -685,6 +689,9 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     }
     if (j.contains("leader")) {
       if (!j["leader"].is_string()) co_return problem(400, "bad-json", "Bad request", "leader must be a string");
+      // As with the generation: a header and a body that disagree are refused, not resolved.
+      if (h.count(cfg.leader_header) && j["leader"].get<std::string>() != leader)
+        co_return problem(400, "bad-leader", "Bad request", "the " + cfg.leader_header + " header and the body's leader disagree");
       leader = j["leader"].get<std::string>();
     }
   }
@@ -841,6 +848,8 @@ bool parse_time_param(const std::map<std::string, std::string>& q, const char* k
   if (it == q.end() || it->second.empty()) return true;
   if (!parse_time_arg(it->second, now_unix_ms(), out)) {
     *err = std::string(key) + ": expected RFC 3339 (2026-11-29T10:00:00Z), relative (-1h) or unix milliseconds";
+    // In a query string '+' means a space: an offset like +02:00 must be written %2B02:00.
+    if (it->second.find(' ') != std::string::npos) *err += " (a '+' in a query string is a space: write %2B)";
     return false;
   }
   return true;

@@ -46,11 +46,12 @@ bool resolve(const config::Endpoint& ep, std::vector<UpstreamAddr>* out, std::st
 
 std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const config::Config> cfg, std::string* error) {
   auto snap = std::make_shared<Snapshot>(cfg);
-  for (const auto& r : cfg->routes) {
+  for (std::size_t i = 0; i < cfg->routes.size(); ++i) {
+    const auto& r = cfg->routes[i];
     std::vector<UpstreamAddr> addrs;
     std::string why;
     if (!resolve(r.upstream_addr, &addrs, &why)) {
-      *error = "cannot resolve upstream " + r.upstream + ": " + why;
+      *error = "routes[" + std::to_string(i) + "].upstream: cannot resolve " + r.upstream + ": " + why;
       return nullptr;
     }
     snap->upstreams.push_back(std::move(addrs));

@@ -555,6 +555,8 @@ TEST_CASE("config file errors: unreadable file, bad contents") {
   CHECK_FALSE(r.config);
   CHECK(r.errors == std::vector<std::string>{
                         "/nonexistent/fencegate.json: cannot read (No such file or directory)"});
+  auto empty = load_serve({"--config", ""}, empty_env);
+  CHECK(empty.errors == std::vector<std::string>{"--config: must name a config file (got \"\")"});
 
   TempFile bad(R"({"routes": [{"prefix": "/", "upstream": "http://h:1", "mode": "enforse"}], "thread": 2})");
   auto b = load_serve({"--config", bad.path()}, empty_env);

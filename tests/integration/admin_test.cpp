@@ -778,6 +778,17 @@ TEST_CASE("admin: 405 says what is allowed; a fence leader with control characte
   REQUIRE(request(px.port(), "POST", "/w", token(5)).code() == 200);
   REQUIRE(request(px.port(), "POST", "/w", token(4)).code() == 409);
   CHECK(audit_rows(admin, "?until=&since=&resource=").size() == 1);
+  // Conflicting input is refused, not resolved one way or the other.
+  r = request(admin, "GET", "/v1/audit?resource=ledger&resource=obs");
+  CHECK(r.code() == 400);
+  CHECK(body_json(r).value("detail", "").find("resource: given more than once") != std::string::npos);
+  r = fence_call(admin, "ledger", {{"Fencing-Leader", "node-a"}}, R"({"generation": 6, "leader": "node-b"})");
+  CHECK(r.code() == 400);
+  CHECK(admin_json(admin, "/v1/resources/ledger")["generation"] == 5);
+  r = request(admin, "GET", "/v1/audit?since=2026-11-29T10:00:00+02:00");  // '+' is a space in a query
+  CHECK(r.code() == 400);
+  CHECK(body_json(r).value("detail", "").find("%2B") != std::string::npos);
+  CHECK(request(admin, "GET", "/v1/audit?since=2026-11-29T10:00:00%2B02:00").code() == 200);
   // A head over the admin limit is answered, not reset.
   auto big = request(admin, "GET", "/v1/audit", {{"X-Big", std::string(20000, 'a')}});
   INFO(describe(big));
