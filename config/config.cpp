@@ -215,7 +215,7 @@ const StrField kStrFields[] = {
     {"listen",
      [](Config& c, std::string_view v) { return parse_endpoint(v, c.listen, 0, true); },
      [](const Config& c) { return c.listen.to_string(); },
-     "address to listen on, host:port; port 0 = any free port (logged)"},
+     "address to listen on, host:port; port 0 = any free port (in the \"listening\" log line, level info)"},
     {"db",
      [](Config& c, std::string_view v) -> std::string {
        if (v.empty()) return "must not be empty";

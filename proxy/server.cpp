@@ -868,6 +868,7 @@ class Session {
   task<bool> reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks);
   task<store::Status> audit_sync(store::AuditRow& row);  // moves from row
   task<bool> discard(std::uint64_t n);
+  task<void> linger_close();
   task<bool> forward(const RequestHead& head, const Framing& fr, std::size_t head_len, const config::Route& route,
                      const std::string& resource, bool client_keep_alive, bool expect_continue,
                      std::shared_ptr<Exchange> ex, const FenceMarks& marks);
@@ -1177,6 +1178,28 @@ task<bool> Session::reply(const Problem& p, bool keep_alive, int version, const 
   co_return !settle(ec) && keep_alive;
 }
 
+// Before a close with request bytes still unread: stop sending and read (and drop) what the
+// client still sends, for a while. Closing a socket with unread data resets the connection, and a
+// client still writing its body would see the reset rather than our answer (RFC 9112 9.6).
+task<void> Session::linger_close() {
+  constexpr auto kLingerTime = std::chrono::seconds(2);
+  constexpr std::uint64_t kLingerBytes = 16u << 20;
+  boost::system::error_code ec;
+  client_.shutdown(tcp::socket::shutdown_send, ec);
+  if (ec) co_return;
+  const auto until = Clock::now() + kLingerTime;
+  std::uint64_t dropped = 0;
+  timed_out_ = false;
+  while (dropped < kLingerBytes) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+    if (left <= std::chrono::milliseconds(0)) break;
+    sc_->in.consume(sc_->in.size());
+    if (co_await read_client(kRelayBuffer, left)) break;  // EOF (the client read our answer), error, time
+    dropped += sc_->in.size();
+  }
+  sc_->in.consume(sc_->in.size());
+}
+
 // Reads and drops the next n body bytes. Returns false if they did not arrive.
 task<bool> Session::discard(std::uint64_t n) {
   while (sc_->in.size() < n) {
@@ -1240,7 +1263,10 @@ task<bool> Session::handle(std::size_t head_len) {
   auto refuse = [&](const Problem& p, const FenceMarks& m = kNoMarks) -> task<bool> {
     const bool can_skip = client_keep_alive &&
         (!has_body || (!fr.chunked && !expect_continue && *fr.content_length <= kDiscardLimit));
-    if (!co_await reply(p, can_skip, version, m)) co_return false;
+    if (!co_await reply(p, can_skip, version, m)) {
+      if (has_body) co_await linger_close();  // the body it may still be sending is not read
+      co_return false;
+    }
     sc_->in.consume(head_len);
     if (has_body) co_return co_await discard(*fr.content_length);
     co_return true;
@@ -1304,7 +1330,9 @@ task<bool> Session::handle(std::size_t head_len) {
     }
     sc_->problem = Problem{413, "body-too-large", "Content too large",
                            "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"};
-    co_return co_await reply(sc_->problem, false, version, marks);
+    co_await reply(sc_->problem, false, version, marks);
+    co_await linger_close();
+    co_return false;
   }
   auto ex = std::make_shared<Exchange>(rt_.fence);
   if (fenced) {
@@ -1895,6 +1923,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       sc_->problem = Problem{413, "body-too-large", "Content too large",
                              "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"};
       co_await reply(sc_->problem, false, version, marks);
+      co_await linger_close();
     } else if (timed_out_) {
       sc_->problem = Problem{408, "request-timeout", "Request timeout", "the request body stalled"};
       co_await reply(sc_->problem, false, version, marks);

@@ -389,4 +389,33 @@ TEST_CASE("framing: a connection that closes while parked is closed by the proxy
   CHECK(is_2xx(r));
 }
 
+
+// A client that writes its whole body before it reads (Python's http.client, so requests and
+// urllib3): refused early, with most of the body unread, it must still get the answer. Closing at
+// once with unread bytes would reset the connection, and it would see a broken pipe instead.
+TEST_CASE("framing: a refused request's unread body is drained before the close, so the client reads the answer") {
+  RecordingUpstream up;
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.args = {"--max-body-bytes", "1048576"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  REQUIRE(is_2xx(request(px.port(), "POST", "/a", token(5))));
+  const std::string body(4 << 20, 'x');
+  for (auto [tok, size, want] : {std::tuple{1, std::size_t(1000000), 409}, std::tuple{5, body.size(), 413}}) {
+    CAPTURE(want);
+    HttpClient c;
+    REQUIRE(c.connect(px.port()));
+    const std::string req = "POST /b HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: " + std::to_string(tok) +
+                            "\r\nContent-Length: " + std::to_string(size) + "\r\n\r\n" + body.substr(0, size);
+    CHECK(c.send(req));  // all of it, before reading anything
+    auto r = c.read_response(5s);
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.response.status == want);
+  }
+  CHECK(up.count() == 1);
+}
+
 }  // TEST_SUITE
