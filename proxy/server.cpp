@@ -2518,6 +2518,9 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   std::chrono::steady_clock::time_point deadline;
   std::function<void()> poll_stop = [&] {
     if (st.active_requests.load() == 0 || std::chrono::steady_clock::now() >= deadline) {
+      if (const auto left = st.active_requests.load())
+        log::warn("stop deadline passed: the connections of requests still in flight are closed unanswered",
+                  {log::kv("in_flight", left)});
       for (auto& w : workers) w->ioc.stop();
       return;
     }
