@@ -367,6 +367,14 @@ void Fence::release(InflightNode* n) {
   run(after);
 }
 
+bool Fence::holds_advance(InflightNode* n) {
+  FenceResource* r = n->resource;
+  if (!r) return false;
+  std::lock_guard lk(r->mu);
+  // (Writes forwarded under observe mode are never aborted by a drain: they keep their cap.)
+  return n->resource && !n->observed && r->advancing && n->generation < r->seen;
+}
+
 bool Fence::observe(const std::string& resource, std::int64_t g, const std::string& leader,
                     Decision* now, DecisionFn later) {
   FenceResource* r = find_or_create(resource);

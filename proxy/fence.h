@@ -120,6 +120,10 @@ class Fence {
   // REQUIRES: node was linked by admit() or track_observed(). Safe to call more than once.
   void release(InflightNode* node);
 
+  // Whether an advance to a newer generation is waiting for this admitted (enforce) write: its
+  // drain timeout, not the caller, should end it then.
+  bool holds_advance(InflightNode* node);
+
   // Observe mode: registers a write about to be forwarded (whatever its token) until release().
   // Nothing waits for it in observe mode; but no enforce write is admitted, and no advance
   // committed, while such a write is still in flight (a switch to enforce): the first enforce

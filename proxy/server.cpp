@@ -1643,22 +1643,36 @@ void Session::arm_abort(Exchange& x) {
 // A fenced write whose upstream did not answer in time may still be applied there: closing our
 // socket cannot undo it. Its client has its 504, but the write stays in flight for the fence (a
 // newer generation's write or barrier waits for it, as for any older write) until the upstream
-// answers or closes, or a newer generation's drain timeout aborts it, or `cap` passes. Without
-// this, the upstream timeout would let a newer generation through while the older write could
-// still land after it.
-task<void> linger_after_timeout(std::shared_ptr<Exchange> ex, std::chrono::milliseconds cap) {
-  UpConn& up = *ex->up;
-  const auto started = Clock::now();
-  Timer limit(up.sock.get_executor());
-  auto capped = std::make_shared<bool>(false);
-  limit.expires_after(cap);
-  // Owns what it touches: an expiry already queued runs even after cancel() and this frame.
-  limit.async_wait([ex, capped](boost::system::error_code e) {
+// answers or closes, or a newer generation's drain timeout aborts it (counted as a drain abort),
+// or `cap` passes while no newer generation waits for it. Without this, the upstream timeout would
+// let a newer generation through while the older write could still land after it. It counts as a
+// request in flight, so a graceful stop waits for it (up to the stop deadline).
+struct LingerCap {
+  explicit LingerCap(const Executor& e, std::chrono::milliseconds c) : timer(e), cap(c) {}
+  Timer timer;
+  std::chrono::milliseconds cap;
+  bool capped = false;
+};
+// Owns what it touches: an expiry already queued runs even after cancel() and the linger's frame.
+void arm_linger_cap(std::shared_ptr<Exchange> ex, std::shared_ptr<LingerCap> c) {
+  c->timer.expires_after(c->cap);
+  c->timer.async_wait([ex, c](boost::system::error_code e) {
     if (e || !ex->up) return;
-    *capped = true;
+    // A newer generation waiting for this write: its own drain timeout decides (and aborts it).
+    if (ex->fence.holds_advance(&ex->node)) return arm_linger_cap(ex, c);
+    c->capped = true;
     boost::system::error_code ignored;
     ex->up->sock.close(ignored);
   });
+}
+
+task<void> linger_after_timeout(std::shared_ptr<Exchange> ex, std::chrono::milliseconds cap,
+                                std::atomic<std::size_t>& active) {
+  UpConn& up = *ex->up;
+  const auto started = Clock::now();
+  active.fetch_add(1, std::memory_order_relaxed);
+  auto limit = std::make_shared<LingerCap>(up.sock.get_executor(), cap);
+  arm_linger_cap(ex, limit);
   const char* how = "closed";
   for (;;) {
     if (!up.buf.empty()) {
@@ -1673,21 +1687,22 @@ task<void> linger_after_timeout(std::shared_ptr<Exchange> ex, std::chrono::milli
         break;
       }
     }
-    if (ex->aborted || *capped || !up.sock.is_open()) break;
+    if (ex->aborted || limit->capped || !up.sock.is_open()) break;
     boost::system::error_code ec;
     std::size_t n = co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
     up.buf.commit(n);
     if (ec) break;
   }
-  limit.cancel();
+  limit->timer.cancel();
   if (ex->aborted) how = "aborted by a newer generation's drain";
-  else if (*capped) how = "not answered within the drain timeout";
+  else if (limit->capped) how = "not answered within the drain timeout";
   log::warn("the write that timed out upstream is no longer in flight",
             {log::kv("how", how),
              log::kv("ms", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count())});
   boost::system::error_code ignored;
   up.sock.close(ignored);
   ex->release();
+  active.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // The first read of an upstream answer for a request that already waited on another thread
@@ -1888,7 +1903,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
                         ex->node.resource != nullptr;
     if (linger) {
       ex->client = nullptr;  // the session and its socket go before the exchange does
-      net::co_spawn(w_.ioc, linger_after_timeout(ex, cfg.drain_timeout), net::detached);
+      net::co_spawn(w_.ioc, linger_after_timeout(ex, cfg.drain_timeout, st_.active_requests), net::detached);
     } else {
       ex->release();
     }
@@ -1985,8 +2000,10 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     else if (fr.content_length) append_field(out, "Content-Length", Decimal(*fr.content_length));
     append(out, std::string_view("\r\n"));
   }
+  // (Not a method the route counts as a write: write_methods may name GET.)
   const bool safe_bodiless = (head.method == "GET" || head.method == "HEAD" || head.method == "OPTIONS") &&
-                             !fr.chunked && fr.content_length.value_or(0) == 0 && !expect_continue;
+                             !route.is_fenced(head.method) && !fr.chunked && fr.content_length.value_or(0) == 0 &&
+                             !expect_continue;
   sc_->in.consume(head_len);  // `head` is not used past this point
 
   // Upstream connection.

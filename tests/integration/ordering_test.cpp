@@ -252,6 +252,33 @@ TEST_CASE("ordering: an upstream timeout does not let a newer generation past th
   CHECK(again.elapsed < 1s);
 }
 
+// A graceful stop waits for a write that timed out upstream and is still being worked on there:
+// a restarted sidecar must not let the next generation overlap it.
+TEST_CASE("ordering: SIGTERM waits for a timed-out write the upstream is still working on") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    return r.fencing_token() == 5 ? UpstreamAction::delayed(2500) : UpstreamAction{};
+  });
+  ProxySpec spec;
+  spec.upstream = up.url();
+  spec.args = {"--upstream-timeout-ms", "300", "--drain-timeout-ms", "10000"};
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  auto o = timed_request(px.port(), "POST", "/gen5", token(5));
+  check_problem(o.result, 504, std::nullopt, std::nullopt, std::nullopt, /*full_fence_members=*/false);
+  const auto t0 = Clock::now();
+  auto st = px.stop();  // SIGTERM (SIGKILL after 5 s)
+  CHECK(st.exited);
+  CHECK(st.code == 0);
+  CHECK(ms_between(t0, Clock::now()) >= 1500);  // it waited for the upstream (2.5 s from the start)
+  FG_START(px);
+  REQUIRE(is_2xx(request(px.port(), "POST", "/gen6", token(6))));
+  auto reqs = up.requests();
+  REQUIRE(reqs.size() == 2);
+  CHECK(reqs[0].outcome == Outcome::responded);
+  CHECK(reqs[0].completion <= reqs[1].arrival);
+}
+
 // An upstream that never answers a timed-out write holds the fence for drain_timeout_ms at most:
 // then the newer generation goes (the documented limit for upstreams slower than the drain).
 TEST_CASE("ordering: a timed-out write the upstream never answers holds a newer generation only up to the drain timeout") {

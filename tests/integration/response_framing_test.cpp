@@ -523,4 +523,28 @@ TEST_CASE("upstream pool: a GET on a pooled connection closed under it is retrie
   CHECK(seen_c == 1);
 }
 
+// A route whose write_methods name GET makes a GET a write: it is never sent twice.
+TEST_CASE("upstream pool: a GET that the route counts as a write is not retried") {
+  std::atomic<int> seen{0};
+  RawUpstream up([&](int n, const std::string&) {
+    ++seen;
+    if (n == 1) return RawUpstream::Answer{"", true};  // applied, then closed without an answer
+    return RawUpstream::Answer{"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"};
+  });
+  json r = route("/", up.url(), "r", "enforce");
+  r["write_methods"] = json::array({"GET", "POST"});
+  ProxySpec spec;
+  spec.config = config_with_routes({r});
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  REQUIRE(c.request("GET", "/a", token(5)).code() == 200);
+  auto b = c.request("GET", "/b", token(5));
+  INFO(describe(b));
+  CHECK(b.code() == 502);
+  CHECK(seen == 2);  // /b reached the upstream once
+}
+
 }  // namespace fencegate::testing
