@@ -328,8 +328,12 @@ void release_guardian(Guardian& g) {
   }
 }
 
-// Starts the command in its own process group with `env`. Returns its pid, or -1 (errno set).
-pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env) {
+// Starts the command in its own process group with `env`, and its guardian (`*guardian`; pid -1
+// if it could not be started). Returns the command's pid, or -1 (errno set; no guardian then).
+// The child waits for a byte on the `go` pipe before it execs: the guardian exists before the
+// command can fork anything, so a SIGKILL of elect at any moment leaves no child of the command
+// running. If elect dies before the byte, the child reads EOF and exits without exec.
+pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env, Guardian* guardian) {
   // Everything the child needs is built before fork(): after it, only async-signal-safe calls.
   std::vector<char*> argv;
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -338,23 +342,35 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
   // exec's errno comes back through a close-on-exec pipe: EOF means the exec worked.
-  int report[2];
+  int report[2], go[2];
   if (pipe2(report, O_CLOEXEC) != 0) return -1;
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
+  if (pipe2(go, O_CLOEXEC) != 0) {
     const int e = errno;
     close(report[0]);
     close(report[1]);
     errno = e;
     return -1;
   }
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    const int e = errno;
+    for (int fd : {report[0], report[1], go[0], go[1]}) close(fd);
+    errno = e;
+    return -1;
+  }
   if (pid == 0) {
     close(report[0]);
+    close(go[1]);
     setpgid(0, 0);
     // If elect dies (even by SIGKILL), the command must not keep running on its authority.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);
+    char c = 0;
+    ssize_t g;
+    do g = read(go[0], &c, 1);
+    while (g < 0 && errno == EINTR);
+    if (g != 1) _exit(127);  // elect is gone (or failed) before the guardian was in place
     cloexec_from_3();
     signal(SIGPIPE, SIG_DFL);
     sigset_t none;
@@ -368,6 +384,12 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
   }
   setpgid(pid, pid);  // also in the parent: no race with the signals we may send at once
   close(report[1]);
+  close(go[0]);
+  *guardian = start_guardian(pid);
+  {
+    [[maybe_unused]] auto w = write(go[1], "g", 1);
+  }
+  close(go[1]);
   int child_errno = 0;
   ssize_t n;
   do n = read(report[0], &child_errno, sizeof child_errno);
@@ -375,6 +397,7 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
   close(report[0]);
   if (n == static_cast<ssize_t>(sizeof child_errno)) {  // the exec failed: the child is gone
     waitpid(pid, nullptr, 0);
+    release_guardian(*guardian);
     errno = child_errno;
     return -1;
   }
@@ -772,7 +795,8 @@ int Elect::run() {
       give_up(*keeper, lk);
       continue;
     }
-    pid_t pid = spawn(f_.command, child_env(f_, token));
+    Guardian guardian;
+    pid_t pid = spawn(f_.command, child_env(f_, token), &guardian);
     if (pid < 0) {
       log::error("could not start the command",
                  {log::kv("command", f_.command.front()), log::kv("error", std::strerror(errno))});
@@ -780,7 +804,6 @@ int Elect::run() {
       return kExitUnavailable;
     }
     log::info("command started", {log::kv("pid", pid), log::kv("token", token), log::kv("command", f_.command.front())});
-    Guardian guardian = start_guardian(pid);
     if (guardian.pid < 0) log::warn("could not start the command's guardian: if elect is killed, the command's children may outlive it");
     int wstatus = 0;
     bool exited = false, lost = false;
