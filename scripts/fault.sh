@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Seeded fault schedules against the real binary, checked by the history checker
 # (tests/fault/README.md). Builds in build-fault/ and runs the "fault schedules" test cases.
-#   scripts/fault.sh                  quick profile: what CI runs (ctest "fault"), ~1 minute
+#   scripts/fault.sh                  quick profile: what CI runs (ctest "fault_schedules"), ~1 minute
 #   scripts/fault.sh --long [N]       long profile: N schedules (default 2000, about 2.5 s each);
 #                                     writes the summary to tests/fault/LAST_LONG_RUN.md
 #   scripts/fault.sh --seed S         replay one schedule (the seed a failure printed)
