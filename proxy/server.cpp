@@ -1631,7 +1631,7 @@ void Session::arm_abort(Exchange& x) {
           // client read or write it waits in ends, and its client gets the 504 of an aborted
           // exchange rather than a 408 later.
           e->release();
-          if (e->client) e->client->cancel(ec);  // none once the exchange lingers (linger_after_timeout)
+          if (e->client) e->client->cancel(ec);  // none once the exchange lingers (linger_after_failure)
         }
         // (Without an upstream connection the session holds none yet: it sees `aborted` before
         // it connects or sends, and releases then.)
@@ -1640,13 +1640,17 @@ void Session::arm_abort(Exchange& x) {
   };
 }
 
-// A fenced write whose upstream did not answer in time may still be applied there: closing our
-// socket cannot undo it. Its client has its 504, but the write stays in flight for the fence (a
-// newer generation's write or barrier waits for it, as for any older write) until the upstream
-// answers or closes, or a newer generation's drain timeout aborts it (counted as a drain abort),
-// or `cap` passes while no newer generation waits for it. Without this, the upstream timeout would
-// let a newer generation through while the older write could still land after it. It counts as a
-// request in flight, so a graceful stop waits for it (up to the stop deadline).
+// A fenced write the upstream has, whole or in part, but whose exchange failed on our side (the
+// upstream did not answer in time; the client's body stalled, broke off or was malformed; the
+// upstream stopped reading it) may still be applied there: closing our socket cannot undo it, and
+// an upstream that applies a body as it reads it is still working on what it has. Its client has
+// its 504/408/400/413, but the write stays in flight for the fence (a newer generation's write or
+// barrier waits for it, as for any older write) until the upstream answers or closes, or a newer
+// generation's drain timeout aborts it (counted as a drain abort), or `cap` passes while no newer
+// generation waits for it. An incomplete request is ended with a half-close first, so the upstream
+// reads EOF where the body breaks off and can finish. Without this, the failure would let a newer
+// generation through while the older write could still land after it. It counts as a request in
+// flight, so a graceful stop waits for it (up to the stop deadline).
 struct LingerCap {
   explicit LingerCap(const Executor& e, std::chrono::milliseconds c) : timer(e), cap(c) {}
   Timer timer;
@@ -1666,10 +1670,14 @@ void arm_linger_cap(std::shared_ptr<Exchange> ex, std::shared_ptr<LingerCap> c) 
   });
 }
 
-task<void> linger_after_timeout(std::shared_ptr<Exchange> ex, std::chrono::milliseconds cap,
-                                std::atomic<std::size_t>& active) {
+task<void> linger_after_failure(std::shared_ptr<Exchange> ex, std::chrono::milliseconds cap,
+                                std::atomic<std::size_t>& active, const char* why, bool incomplete) {
   UpConn& up = *ex->up;
   const auto started = Clock::now();
+  if (incomplete) {
+    boost::system::error_code ignored;
+    up.sock.shutdown(tcp::socket::shutdown_send, ignored);
+  }
   active.fetch_add(1, std::memory_order_relaxed);
   auto limit = std::make_shared<LingerCap>(up.sock.get_executor(), cap);
   arm_linger_cap(ex, limit);
@@ -1696,8 +1704,8 @@ task<void> linger_after_timeout(std::shared_ptr<Exchange> ex, std::chrono::milli
   limit->timer.cancel();
   if (ex->aborted) how = "aborted by a newer generation's drain";
   else if (limit->capped) how = "not answered within the drain timeout";
-  log::warn("the write that timed out upstream is no longer in flight",
-            {log::kv("how", how),
+  log::warn("the write whose exchange failed is no longer in flight",
+            {log::kv("failure", why), log::kv("how", how),
              log::kv("ms", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count())});
   boost::system::error_code ignored;
   up.sock.close(ignored);
@@ -1895,18 +1903,27 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     }
     ex->release();
   };
+  // True (and the exchange handed to linger_after_failure) when some of this fenced write went
+  // to the upstream, which may still be applying it; otherwise the exchange is released.
+  bool sent = false;  // a send of this request's bytes upstream was started
+  auto linger_or_release = [&](const char* why, bool incomplete) -> bool {
+    if (sent && !ex->aborted && ex->up && ex->up->sock.is_open() && ex->node.resource != nullptr) {
+      ex->client = nullptr;  // the session and its socket go before the exchange does
+      net::co_spawn(w_.ioc, linger_after_failure(ex, cfg.drain_timeout, st_.active_requests, why, incomplete),
+                    net::detached);
+      return true;
+    }
+    ex->release();
+    return false;
+  };
   auto upstream_failed = [&](boost::system::error_code e, const char* stage) -> task<bool> {
     waiting_up_ = nullptr;
     const bool timeout = e == net::error::timed_out && std::string_view(stage) != "connect";
-    // The whole request reached an upstream that has not answered: it may still apply it.
-    const bool linger = timeout && std::string_view(stage) == "response" && !ex->aborted && ex->up &&
-                        ex->node.resource != nullptr;
-    if (linger) {
-      ex->client = nullptr;  // the session and its socket go before the exchange does
-      net::co_spawn(w_.ioc, linger_after_timeout(ex, cfg.drain_timeout, st_.active_requests), net::detached);
-    } else {
-      ex->release();
-    }
+    // The upstream has the request (or part of it, and stopped reading) and has not answered: it
+    // may still apply it. (A send that failed otherwise means the upstream closed the connection.)
+    const bool response = std::string_view(stage) == "response";
+    const bool linger = timeout && linger_or_release(response ? "upstream timeout (response)" : "upstream timeout (send)",
+                                                     !response);
     count(resource, Outcome::upstream_error);
     log::warn("upstream exchange failed", {log::kv("upstream", route.upstream), log::kv("stage", stage),
                                            log::kv("error", e.message()), log::kv("aborted_by_drain", ex->aborted ? 1 : 0),
@@ -1925,11 +1942,13 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       co_return co_await reply(sc_->problem, false, version, marks);
     }
   };
-  // The client's body stopped or broke: the upstream has an incomplete request, and its
-  // connection is closed with the exchange.
+  // The client's body stopped or broke: the upstream has an incomplete request. Its connection
+  // is half-closed and, for a fenced write, kept in flight until the upstream is done with it.
   auto client_body_failed = [&](const char* why, bool too_large) -> task<bool> {
     waiting_up_ = nullptr;
-    ex->release();
+    linger_or_release(too_large ? "body too large" : timed_out_ ? "client body stalled"
+                                                   : why ? "malformed client body" : "client gone mid-body",
+                      true);
     if (ex->aborted) {  // woken by a newer generation's drain timeout (see node.abort)
       sc_->problem = Problem{504, "upstream-timeout", "Gateway timeout",
                              "a newer generation's drain timed out; this exchange was aborted"};
@@ -2059,6 +2078,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     std::size_t pre = static_cast<std::size_t>(std::min<std::uint64_t>(left, sc_->in.size()));
     arm(cfg.upstream_timeout);
     std::array<net::const_buffer, 2> b{net::buffer(sc_->out), net::buffer(sc_->in.view().data(), pre)};
+    sent = true;
     early = co_await send_request(up, b, ec);
     ec = settle(ec);
     if (ec && !early && co_await retry_fresh(ec)) ec.clear();
@@ -2071,6 +2091,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       std::size_t n = std::min<std::size_t>(sc_->in.size(), static_cast<std::size_t>(left));
       arm(cfg.upstream_timeout);
       std::array<net::const_buffer, 1> piece{net::buffer(sc_->in.view().data(), n)};
+      sent = true;
       early = co_await send_request(up, piece, ec);
       ec = settle(ec);
       if (ec && !early) co_return co_await upstream_failed(ec, "send");
@@ -2089,6 +2110,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
       frame_chunk(gather, size_slot, frame, total, dec.done());
       if (!head_sent || total || dec.done()) {
         arm(cfg.upstream_timeout);
+        sent = true;
         early = co_await send_request(up, gather, ec);
         ec = settle(ec);
         if (ec && !early) co_return co_await upstream_failed(ec, "send");
