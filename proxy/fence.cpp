@@ -49,7 +49,7 @@ struct Fence::After {
 };
 
 Fence::Fence(store::Store& store, std::chrono::milliseconds drain_timeout, std::size_t max_resources)
-    : store_(store), drain_timeout_(drain_timeout), max_resources_(max_resources) {
+    : store_(store), drain_timeout_ms_(drain_timeout.count()), max_resources_(max_resources) {
   timer_ = std::thread([this] { timer_loop(); });
 }
 
@@ -86,11 +86,16 @@ bool Fence::load(std::string* error) {
   return true;
 }
 
+void Fence::set_limits(std::chrono::milliseconds drain_timeout, std::size_t max_resources) {
+  drain_timeout_ms_.store(drain_timeout.count(), std::memory_order_relaxed);
+  max_resources_.store(max_resources, std::memory_order_relaxed);
+}
+
 FenceResource* Fence::find_or_create(const std::string& resource) {
   std::lock_guard lk(map_mu_);
   auto it = resources_.find(resource);
   if (it != resources_.end()) return it->second.get();
-  if (resources_.size() >= max_resources_) return nullptr;
+  if (resources_.size() >= max_resources_.load(std::memory_order_relaxed)) return nullptr;
   auto [ins, _] = resources_.emplace(resource, std::make_unique<FenceResource>(resource));
   return ins->second.get();
 }
@@ -240,7 +245,7 @@ void Fence::proceed(FenceResource* r, After& after) {
     r->drain_armed = true;
     r->draining = true;
     r->drain_started = std::chrono::steady_clock::now();
-    r->drain_deadline = r->drain_started + drain_timeout_;
+    r->drain_deadline = r->drain_started + std::chrono::milliseconds(drain_timeout_ms_.load(std::memory_order_relaxed));
     {
       std::lock_guard tl(timer_mu_);
       deadlines_.emplace(r->drain_deadline, r);

@@ -23,6 +23,7 @@
 // timer thread; they must only post work elsewhere.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -93,6 +94,10 @@ class Fence {
   ~Fence();
   Fence(const Fence&) = delete;
   Fence& operator=(const Fence&) = delete;
+
+  // A config reload: drains started from now on wait up to `drain_timeout`; new resources are
+  // made up to `max_resources` (those already held stay, if there are more).
+  void set_limits(std::chrono::milliseconds drain_timeout, std::size_t max_resources);
 
   // Loads stored generations from the store. Returns false (and *error) if it cannot.
   bool load(std::string* error);
@@ -166,8 +171,9 @@ class Fence {
 
   // Constant after construction
   store::Store& store_;
-  const std::chrono::milliseconds drain_timeout_;
-  const std::size_t max_resources_;
+  // Set at construction and by set_limits (a reload)
+  std::atomic<std::chrono::milliseconds::rep> drain_timeout_ms_;
+  std::atomic<std::size_t> max_resources_;
 
   // Guarded by map_mu_
   std::mutex map_mu_;

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include "fence_store/store.h"
+#include "proxy/fence.h"
 #include "proxy/log.h"
 #include "proxy/metrics.h"
 
@@ -83,6 +84,7 @@ std::vector<std::string> Runtime::reload() {
   }
   log::Level lvl;
   if (log::parse_level(next->cfg->log_level, &lvl)) log::set_level(lvl);
+  fence.set_limits(next->cfg->drain_timeout, next->cfg->max_resources);
   store.set_retention(static_cast<std::int64_t>(next->cfg->audit.max_age.count()) * 1000, next->cfg->audit.max_rows);
   install(next);
   metrics.reloads.fetch_add(1);

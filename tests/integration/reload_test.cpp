@@ -2,6 +2,7 @@
 // a bad config is rejected whole (422, errors listed) and the old one keeps working; the
 // observe -> enforce switch under concurrent load loses no request and never both forwards and
 // rejects one.
+#include <future>
 #include <map>
 #include <set>
 #include <thread>
@@ -360,6 +361,47 @@ TEST_CASE("reload: observe -> enforce under concurrent load: no request lost, no
     }
   }
   CHECK(px.running());
+}
+
+// The fence's own limits follow a reload too (not only the per-request config): a raised
+// drain_timeout_ms makes a newer generation wait longer for a slow older write, and a raised
+// max_resources admits resources that got 503 before.
+TEST_CASE("reload: drain_timeout_ms and max_resources take effect in the fence") {
+  RecordingUpstream up([](const RecordedRequest& r) {
+    return r.fencing_token() == 1 ? UpstreamAction::hang() : UpstreamAction{};
+  });
+  ProxySpec spec;
+  spec.config = config_with_routes({route("/a/", up.url(), "a"), route("/b/", up.url(), "b"), route("/c/", up.url(), "c")});
+  (*spec.config)["max_resources"] = 2;
+  (*spec.config)["drain_timeout_ms"] = 300;
+  Proxy px(spec);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+
+  REQUIRE(is_2xx(request(px.port(), "POST", "/b/x", token(5))));
+  REQUIRE(is_2xx(request(px.port(), "POST", "/c/x", token(5))));
+  check_problem(request(px.port(), "POST", "/a/x", token(5)), 503, "a");  // a third resource
+
+  json c = read_config(px);
+  c["max_resources"] = 10;
+  c["drain_timeout_ms"] = 3000;
+  write_config(px, c);
+  auto r = reload(admin);
+  INFO(describe(r));
+  REQUIRE(r.code() == 200);
+
+  // Resource a now fits; its generation-1 write hangs upstream, and generation 2 waits for it up
+  // to the new drain timeout (3 s, not 300 ms), then aborts it.
+  auto old_write = std::async(std::launch::async, [&] { return timed_request(px.port(), "POST", "/a/1", token(1)); });
+  REQUIRE(up.wait_for_count(3, 10s));
+  auto n = timed_request(px.port(), "POST", "/a/2", token(2));
+  INFO("gen2: ", describe(n.result));
+  CHECK(is_2xx(n.result));
+  CHECK(n.elapsed >= 2500ms);
+  CHECK(n.elapsed < 8s);
+  auto o = old_write.get();
+  check_problem(o.result, 504, std::nullopt, std::nullopt, std::nullopt, /*full_fence_members=*/false);
 }
 
 }  // TEST_SUITE reload
