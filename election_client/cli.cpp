@@ -29,11 +29,13 @@
 #include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -79,14 +81,18 @@ constexpr const char* kElectUsage =
     "  4. if the lease is lost or in jeopardy (no renewal evidence by the local deadline:\n"
     "     send time of the last renewal + TTL - max(TTL/5, 500ms), on the monotonic clock), or\n"
     "     the leader key is deleted while the lease lives (etcdctl del: the next candidate leads), it\n"
-    "     sends SIGTERM to the command's process group, SIGKILL after --grace-ms, resigns and\n"
-    "     exits 75 -- or campaigns again with --recampaign;\n"
+    "     sends SIGTERM to the command's process group, SIGKILL after --grace-ms (on a lost\n"
+    "     lease: by the lease's earliest expiry, deadline + margin, if that comes first, so the\n"
+    "     command never runs on while a successor leads), resigns and exits 75 -- or campaigns\n"
+    "     again with --recampaign;\n"
     "  5. when COMMAND exits: SIGKILL to what is left of its process group, resign, revoke the\n"
     "     lease, exit with COMMAND's status (128+N if killed by signal N).\n"
     "  SIGTERM/SIGINT are passed to the command's process group (SIGHUP/SIGQUIT as SIGTERM;\n"
     "  SIGKILL after --grace-ms), then elect resigns and exits with the command's status;\n"
     "  SIGUSR1/SIGUSR2 are passed on and change nothing else. If elect itself dies (even by\n"
     "  SIGKILL), the command's whole process group gets SIGKILL (a guardian process watches elect).\n"
+    "  Processes that leave the command's process group (setsid, a shell's job control) are not\n"
+    "  stopped: keep the command's work in its group.\n"
     "\n"
     "Flags:\n"
     "  --etcd URLS              etcd client URLs, comma-separated (http://host:port), required\n"
@@ -474,15 +480,27 @@ int sleep_watching(milliseconds d) {
 // leadership to the next candidate, with a higher token, and this term is over. KeyGuard
 // watches the key from its creation revision on, so a deletion at any time after the campaign
 // is seen, and reports it through gone(). After a watch compaction it checks the key directly
-// and watches again from there. A silent etcd is the LeaseKeeper's business, not the guard's.
+// and watches again from there. A watch stream on a member that went silent (SIGSTOPped, hung
+// disk) delivers nothing and looks healthy, while the rest of the cluster, which keeps the lease
+// alive, may have seen the key deleted and elected the next leader: so the guard also reads the
+// key every `probe_every` (a linearizable range, which only a member with a quorum answers,
+// with the client's failover to the other endpoints). A deletion is thus seen within about
+// `probe_every` even when the watch is stuck. A silent quorum is the LeaseKeeper's business.
 class KeyGuard {
  public:
-  KeyGuard(ClientOptions options, Client& client, LeaderKey leader)
+  KeyGuard(ClientOptions options, Client& client, LeaderKey leader, std::chrono::milliseconds probe_every)
       : options_(std::move(options)), client_(client), leader_(std::move(leader)) {
     watch_from(leader_.rev + 1);
+    // The probe has its own client and state and is not joined: a read stuck on a silent member
+    // must not hold up the end of a term (the process may exit while it waits).
+    ClientOptions po = options_;
+    po.request_timeout = std::max<std::chrono::milliseconds>(probe_every * 2, 1000ms);
+    probe_ = std::make_shared<Probe>(po, leader_);
+    std::thread([p = probe_, probe_every] { p->loop(probe_every); }).detach();
   }
   ~KeyGuard() {
     stopping_ = true;
+    probe_->stop();
     watch_.reset();
   }
   KeyGuard(const KeyGuard&) = delete;
@@ -491,7 +509,7 @@ class KeyGuard {
   // Called by the owner thread in its supervision loop; never blocks on etcd.
   bool gone() {
     if (std::int64_t r = restart_from_.exchange(0); r > 0 && !gone_) watch_from(r);
-    return gone_.load();
+    return gone_.load() || probe_->gone.load();
   }
 
  private:
@@ -514,6 +532,38 @@ class KeyGuard {
         });
     watch_->start();
   }
+  struct Probe {
+    Probe(ClientOptions o, LeaderKey k) : client(std::move(o)), leader(std::move(k)) {}
+    void stop() {
+      {
+        std::lock_guard lk(mu);
+        stopping = true;
+      }
+      cv.notify_all();
+    }
+    void loop(std::chrono::milliseconds every) {
+      std::unique_lock lk(mu);
+      while (!stopping && !gone) {
+        cv.wait_for(lk, every, [this] { return stopping; });
+        if (stopping) return;
+        lk.unlock();
+        std::vector<KeyValue> kvs;
+        const bool absent = client.range(leader.key, "", &kvs).ok() &&
+                            (kvs.empty() || kvs.front().create_revision != leader.rev);
+        lk.lock();
+        if (absent && !stopping) {
+          gone = true;
+          log::warn("a read of the leader key finds it gone (its watch did not report it)", {log::kv("key", leader.key)});
+        }
+      }
+    }
+    Client client;
+    const LeaderKey leader;
+    std::atomic<bool> gone{false};
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stopping = false;  // guarded by mu
+  };
   // On the watch thread, after a compaction: is the key still ours? Then watch on from there.
   void recheck() {
     while (!stopping_) {
@@ -535,6 +585,7 @@ class KeyGuard {
 
   std::atomic<bool> stopping_{false}, gone_{false};
   std::atomic<std::int64_t> restart_from_{0};
+  std::shared_ptr<Probe> probe_;
   // Used only on the owner thread
   std::unique_ptr<Watch> watch_;
 };
@@ -611,9 +662,10 @@ class Elect {
   }
   // Best effort: resign (if leading) and revoke the lease, each bounded.
   void give_up(LeaseKeeper& keeper, const std::optional<LeaderKey>& leader);
-  // Stops the command's process group: SIGTERM (or `first`), SIGKILL after the grace period.
-  // Returns the command's wait status.
-  int stop_command(pid_t pid, int first, bool* reaped_status_valid);
+  // Stops the command's process group: SIGTERM (or `first`), SIGKILL after the grace period, or
+  // at `kill_by` if that comes first. Returns the command's wait status.
+  int stop_command(pid_t pid, int first, bool* reaped_status_valid,
+                   Clock::time_point kill_by = Clock::time_point::max());
 
   // Revokes the leases whose revoke failed before (etcd was down): their keys would otherwise wait
   // in the election as zombies, and lead for up to a TTL with no process behind them.
@@ -653,9 +705,9 @@ void Elect::revoke_leftovers() {
   leftover_leases_.swap(still);
 }
 
-int Elect::stop_command(pid_t pid, int first, bool* have_status) {
+int Elect::stop_command(pid_t pid, int first, bool* have_status, Clock::time_point kill_by) {
   kill(-pid, first);
-  const auto kill_at = Clock::now() + milliseconds(f_.grace_ms);
+  const auto kill_at = std::min(Clock::now() + milliseconds(f_.grace_ms), kill_by);
   bool killed = false;
   int wstatus = 0;
   *have_status = false;
@@ -755,7 +807,7 @@ int Elect::run() {
     const std::int64_t token = lk.rev;
     log::info("elected", {log::kv("election", f_.election), log::kv("id", f_.id), log::kv("token", token),
                           log::kv("key", lk.key), log::kv("lease", lease)});
-    KeyGuard guard(client_options(), client_, lk);
+    KeyGuard guard(client_options(), client_, lk, std::min<milliseconds>(1000ms, milliseconds(f_.ttl * 1000 / 3)));
 
     // --- 3. Activation barrier: every fence has durably advanced to `token`.
     FenceResult fr = FenceResult::ok;
@@ -819,8 +871,17 @@ int Elect::run() {
         log::error("leadership lost: stopping the command",
                    {log::kv("state", LeaseKeeper::to_string(keeper->state())), log::kv("token", token), log::kv("pid", pid),
                     log::kv("late_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - keeper->deadline()).count())});
+        // etcd may expire the lease (and elect the next leader) from deadline + margin on: the
+        // command gets SIGKILL by then if --grace-ms would run past it, so that it never runs on
+        // while a successor leads.
+        const auto expiry = keeper->deadline() + keeper->margin();
+        if (Clock::now() + milliseconds(f_.grace_ms) > expiry)
+          log::warn("the grace period is cut to the lease's earliest expiry",
+                    {log::kv("grace_ms", f_.grace_ms),
+                     log::kv("left_ms", std::max<std::int64_t>(
+                                            0, std::chrono::duration_cast<milliseconds>(expiry - Clock::now()).count()))});
         bool have = false;
-        wstatus = stop_command(pid, SIGTERM, &have);
+        wstatus = stop_command(pid, SIGTERM, &have, expiry);
         lost = true;
         break;
       }

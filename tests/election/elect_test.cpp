@@ -524,6 +524,68 @@ TEST_CASE("elect: a first etcd endpoint that accepts and never answers does not 
   CHECK(r.code() == 9);  // elected through the second endpoint, the command ran
 }
 
+// The leader key's watch stream may sit on a member that went silent (here: an endpoint that
+// accepts and never answers) while the quorum, through the other endpoint, keeps the lease alive
+// and sees the key deleted and the next candidate elected. The term still ends promptly: the
+// guard also reads the key (about every second), with failover.
+TEST_CASE("elect: a leader key deleted while the key's watch sits on a silent endpoint still ends the term") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  std::uint16_t hung_port = 0;
+  Fd hung = listen_loopback(&hung_port);
+  REQUIRE(hung.valid());
+  const std::string hung_url = "http://127.0.0.1:" + std::to_string(hung_port);
+  fencegate::election::Client c(client_options(etcd));
+  Contender a = start_contender(dir.path(), "a",
+                                {"--etcd", hung_url + "," + etcd.url(), "--election", "jobs", "--id", "worker-a",
+                                 "--ttl", "10", "--grace-ms", "500"});
+  INFO(a.log());
+  REQUIRE(eventually([&] { return a.started_command(); }, 20s));
+  const pid_t a_child = a.child_pid();
+  std::this_thread::sleep_for(1500ms);  // the guard's watch is set up (on whichever endpoint)
+  fencegate::election::KeyValue lead;
+  REQUIRE(c.leader("jobs", &lead).ok());
+  const auto deleted_at = Clock::now();
+  REQUIRE(c.delete_range(lead.key, "").ok());
+  CHECK(eventually([&] { return !pid_alive(a_child); }, 2500ms));
+  MESSAGE("A's command was gone ",
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - deleted_at).count(),
+          " ms after its key was deleted");
+  auto st = a.process->wait_for(10s);
+  REQUIRE(st.has_value());
+  CHECK(st->code == 75);
+  hung.reset();
+}
+
+// A command slow to stop (it ignores SIGTERM) with a --grace-ms longer than the lease margin:
+// after a lost lease, the SIGKILL comes by the lease's earliest expiry on etcd, not after the
+// whole grace, since a successor may lead from then on.
+TEST_CASE("elect: on a lost lease the command is SIGKILLed by the lease's earliest expiry, not after a longer grace") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  const std::string pidfile = dir.file("pid");
+  Process e = Process::start({kFencegate, "elect", "--etcd", etcd.url(), "--election", "jobs", "--ttl", "3",
+                              "--grace-ms", "20000", "--", "sh", "-c",
+                              "trap '' TERM; echo $$ > '" + pidfile + ".tmp'; mv '" + pidfile + ".tmp' '" + pidfile +
+                                  "'; while :; do sleep 0.1; done"},
+                             ProcessOptions{dir.file("elect.log"), {}, {}});
+  INFO(read_file(dir.file("elect.log")));
+  REQUIRE(eventually([&] { return file_exists(pidfile); }, 15s));
+  const pid_t child = static_cast<pid_t>(std::stol(read_file(pidfile)));
+  const auto t0 = Clock::now();
+  etcd.stop();  // no renewal can succeed: the lease's deadline (TTL - 600 ms after the last one) passes
+  // Deadline <= 2.4 s, earliest expiry on etcd <= 3 s after the last renewal; not 2.4 + 20 s.
+  CHECK(eventually([&] { return !pid_alive(child); }, 6s));
+  MESSAGE("the command was gone ", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count(),
+          " ms after etcd stopped");
+  CHECK(read_file(dir.file("elect.log")).find("the grace period is cut") != std::string::npos);
+  e.kill(SIGKILL);
+}
+
 // etcd restarted while B waits in line: B campaigns again with the lease it has, so its key keeps
 // its place. A new lease would queue a second key behind the abandoned one, which would lead next
 // with no process behind it (and be fenced) until its lease expired: a failover a TTL late.
