@@ -839,6 +839,18 @@ void validate(Config& c, std::vector<std::string>& errors) {
                        " on every address)");
   }
   if (c.db.empty()) errors.push_back("db: must not be empty");
+  // A newline or other control character in the path (a stray "\n" from a secret or a heredoc)
+  // would open a different, empty store: every stored generation silently gone.
+  if (std::any_of(c.db.begin(), c.db.end(), [](char ch) {
+        auto u = static_cast<unsigned char>(ch);
+        return u < 0x20 || u == 0x7f;
+      })) {
+    errors.push_back("db: must not contain control characters such as a newline (got " +
+                     json(c.db).dump(-1, ' ', false, json::error_handler_t::replace) + ")");
+  }
+  if (!c.db.empty() && (c.db.front() == ' ' || c.db.back() == ' ')) {
+    errors.push_back("db: must not start or end with a space (got " + quote(c.db) + ")");
+  }
   if (c.threads == 0) c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (const NumField& f : kNumFields) {
     std::int64_t v = f.get(c);

@@ -235,6 +235,20 @@ TEST_CASE("duplicate JSON keys are errors, not silently last-wins") {
   CHECK(has_error(r, "db: duplicate key"));
 }
 
+// A stray newline (from a secret, a heredoc, `echo` into an env file) or space would open a
+// different, empty store, and every stored generation would be silently gone.
+TEST_CASE("a db path with a newline, a control character or a space at either end is refused") {
+  auto nl = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}], "db": "/var/lib/fence.db\n"})");
+  INFO(joined(nl.errors));
+  CHECK_FALSE(nl.config);
+  CHECK(has_error(nl, "db: must not contain control characters such as a newline (got \"/var/lib/fence.db\\n\")"));
+  auto sp = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}], "db": "/var/lib/fence.db "})");
+  CHECK_FALSE(sp.config);
+  CHECK(has_error(sp, "db: must not start or end with a space (got \"/var/lib/fence.db \")"));
+  auto ok = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}], "db": "/var/lib/my fence.db"})");
+  CHECK(ok.config);
+}
+
 TEST_CASE("a NUL character in a config string is an error naming the field") {
   auto r = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}], "db": "/var/lib/a\u0000b.db",
       "admin": {"token_file": "/run/t\u0000"}})");
