@@ -652,8 +652,10 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   std::string leader;
   std::string_view tv, lv;
   std::size_t nt = h.count(cfg.token_header, &tv);
-  if (h.count(cfg.leader_header, &lv) == 1) leader = std::string(lv);
+  const std::size_t nl = h.count(cfg.leader_header, &lv);
+  if (nl == 1) leader = std::string(lv);
   if (nt > 1) co_return problem(400, "malformed-token", "Malformed fencing token", "several token headers");
+  if (nl > 1) co_return problem(400, "bad-leader", "Bad request", "several " + cfg.leader_header + " headers");
   if (nt == 1) {
     auto t = parse_token(tv);
     if (!t) co_return problem(400, "malformed-token", "Malformed fencing token", "the token is not a canonical decimal in 1..2^63-1");
@@ -789,7 +791,8 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     row.presented_generation = g;
     row.current_generation = d.newest;
     row.method = "POST";
-    row.target = std::string(h.target.substr(0, 2048));
+    row.target = clipped(h.target, 2048);
+    row.user_agent = clipped(h.user_agent(), 512);
     boost::system::error_code ig;
     auto ep = sock_.remote_endpoint(ig);
     row.client = ig ? std::string() : ep.address().to_string();

@@ -5,6 +5,19 @@
 
 namespace fencegate::proxy {
 
+std::string_view RequestHead::user_agent() const {
+  for (const auto& f : fields)
+    if (f.kind == FieldKind::user_agent) return f.value;
+  return {};
+}
+
+std::string clipped(std::string_view s, std::size_t max) {
+  if (s.size() <= max) return std::string(s);
+  std::string out(s.substr(0, max));
+  out += "...(truncated)";
+  return out;
+}
+
 std::size_t RequestHead::count(std::string_view name, std::string_view* first) const {
   std::size_t n = 0;
   for (const auto& f : fields) {

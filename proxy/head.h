@@ -67,7 +67,13 @@ struct RequestHead {
 
   // Number of fields named `name` (case-insensitive) and the first one's value.
   std::size_t count(std::string_view name, std::string_view* first = nullptr) const;
+  // The first User-Agent value ("" if none).
+  std::string_view user_agent() const;
 };
+
+// `s` cut to `max` bytes for an audit row, marked "...(truncated)" when cut: a value kept in part
+// must not pass for the whole one (a target without its query, a leader that is another's prefix).
+std::string clipped(std::string_view s, std::size_t max);
 
 enum class HeadStatus { incomplete, complete, bad, too_large };
 

@@ -1369,9 +1369,7 @@ task<bool> Session::handle(std::size_t head_len) {
       why = nl > 1 ? "several " + cfg.leader_header + " headers"
                    : cfg.leader_header + " is longer than " + std::to_string(cfg.max_leader_bytes) + " bytes";
     }
-    std::string leader(lv.substr(0, cfg.max_leader_bytes));
-    // Marked as cut: "worker-ab" kept as "worker-a" would pin the row on another leader.
-    if (lv.size() > cfg.max_leader_bytes) leader += "...(truncated)";
+    std::string leader = clipped(lv, cfg.max_leader_bytes);
     const bool enforce = route.mode == Mode::enforce;
     marks.resource = m.resource;
     if (ts == TokenState::ok) marks.presented = g;
@@ -1383,15 +1381,11 @@ task<bool> Session::handle(std::size_t head_len) {
       row.presented_generation = g;
       row.current_generation = current;
       row.method = std::string(head.method);
-      row.target = std::string(head.target.substr(0, 2048));
+      row.target = clipped(head.target, 2048);
       row.client = client_ip_;
       row.leader = leader;
       row.mode = enforce ? "enforce" : "observe";
-      for (const auto& f : head.fields)
-        if (f.kind == FieldKind::user_agent) {
-          row.user_agent = std::string(f.value.substr(0, 512));
-          break;
-        }
+      row.user_agent = clipped(head.user_agent(), 512);
       return row;
     };
 

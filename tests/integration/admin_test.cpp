@@ -331,7 +331,7 @@ TEST_CASE("admin: fence by JSON body; stale gets 409 problem+json and an audit r
   CHECK(fence_call(admin, "ledger", token(12)).code() == 200);
 
   // Lower: refused, audited, and the generation stays.
-  auto stale = fence_call(admin, "ledger", token(11, {{"Fencing-Leader", "old-leader"}}));
+  auto stale = fence_call(admin, "ledger", token(11, {{"Fencing-Leader", "old-leader"}, {"User-Agent", "elect/1"}}));
   // (The admin answer's body names the generations; Fencing-Generation is a data-path header.)
   check_problem(stale, 409, "ledger", 11);
   CHECK(body_json(stale)["current_generation"] == 12);
@@ -344,6 +344,10 @@ TEST_CASE("admin: fence by JSON body; stale gets 409 problem+json and an audit r
     CHECK(fence_call(admin, "ledger", {}, bad).code() == 400);
   }
   CHECK(fence_call(admin, "ledger", {{"Fencing-Token", "-13"}}).code() == 400);
+  // Two leader headers are ambiguous, as on the data path: refused, not one of them dropped.
+  auto two = fence_call(admin, "ledger", token(13, {{"Fencing-Leader", "a"}, {"Fencing-Leader", "b"}}));
+  INFO(describe(two));
+  CHECK(two.code() == 400);
   CHECK(fence_call(admin, "ledger").code() == 428);  // no generation at all
   CHECK(admin_json(admin, "/v1/resources/ledger")["generation"] == 12);
 
@@ -356,6 +360,7 @@ TEST_CASE("admin: fence by JSON body; stale gets 409 problem+json and an audit r
       CHECK(r["current_generation"] == 12);
       CHECK(r["method"] == "POST");
       CHECK(r["mode"] == "enforce");
+      CHECK(r["user_agent"] == "elect/1");
     }
   CHECK(found);
 }

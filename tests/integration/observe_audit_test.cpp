@@ -178,6 +178,16 @@ TEST_CASE("audit: each enforce rejection has a durable row by the time the clien
   CHECK(cut->decision == "rejected_malformed");
   CHECK(cut->leader.find("(truncated)") != std::string::npos);
 
+  // A target over the row's 2048 bytes is marked as cut too: its query is not silently lost.
+  const std::string long_target = "/long-target?" + std::string(3000, 'q') + "&tail=1";
+  check_problem(c.request("POST", long_target, token(4)), 409, "orders", 4, 5);
+  rows = read_audit(px.db());
+  bool marked = false;
+  for (const auto& r : rows)
+    if (r.target.rfind("/long-target?", 0) == 0) marked = r.target.size() < long_target.size() &&
+                                                          r.target.find("...(truncated)") != std::string::npos;
+  CHECK(marked);
+
   auto res = read_resources(px.db());
   REQUIRE(res.size() == 1);
   CHECK(res[0].resource == "orders");
