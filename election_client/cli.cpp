@@ -177,6 +177,30 @@ int usage_error(const char* cmd, const std::vector<std::string>& errors) {
   return kExitUsage;
 }
 
+// A token file's token (surrounding whitespace trimmed); "" if it cannot be read or is empty.
+std::string read_token_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string t = ss.str();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(0, 1);
+  return in ? t : std::string();
+}
+
+// The names `serve` accepts for an authority's election (routes[].authority.election): an
+// election elect runs must be one a sidecar can follow.
+std::string election_name_error(const std::string& name) {
+  if (name.empty()) return "--election: required";
+  const bool printable = std::all_of(name.begin(), name.end(), [](char ch) {
+    auto u = static_cast<unsigned char>(ch);
+    return u > 0x20 && u < 0x7f;
+  });
+  if (!printable || name.size() > 256)
+    return "--election: must be 1..256 printable ASCII characters without spaces (as serve's authority.election)";
+  return {};
+}
+
 struct ElectFlags {
   std::vector<std::string> etcd;
   std::string election;
@@ -185,6 +209,7 @@ struct ElectFlags {
   std::vector<HttpUrl> fences;
   std::vector<std::string> fence_urls;
   std::string fence_token;
+  std::string fence_token_file;  // re-read before each barrier: a rotated token is picked up
   // Longer than a sidecar's default drain_timeout_ms (10 s) and a commit: a barrier behind a stuck
   // older write is answered once the drain timeout has aborted it, not given up on just before.
   std::int64_t fence_timeout_ms = 30000;
@@ -672,7 +697,7 @@ class Elect {
   void revoke_leftovers();
 
   // Constant after construction
-  const ElectFlags f_;
+  ElectFlags f_;  // fence_token changes when its file is re-read (each term)
   Client client_;
   std::vector<std::int64_t> leftover_leases_;  // revoke failed; tried again before each campaign
 };
@@ -810,6 +835,12 @@ int Elect::run() {
     KeyGuard guard(client_options(), client_, lk, std::min<milliseconds>(1000ms, milliseconds(f_.ttl * 1000 / 3)));
 
     // --- 3. Activation barrier: every fence has durably advanced to `token`.
+    if (!f_.fence_token_file.empty()) {  // rotated since the last term? (kept if unreadable now)
+      if (std::string t = read_token_file(f_.fence_token_file); !t.empty() && t != f_.fence_token) {
+        f_.fence_token = std::move(t);
+        log::info("re-read the fence token file: the token changed", {log::kv("file", f_.fence_token_file)});
+      }
+    }
     FenceResult fr = FenceResult::ok;
     w = run_watched(
         [&](const std::atomic<bool>& cancel) {
@@ -941,6 +972,7 @@ int run_elect(const std::vector<std::string>& args) {
   FlagReader r{args, 0, {}};
   std::string etcd, level = "info", token_file;
   bool have_command = false;
+  bool id_given = false;
   while (r.i < args.size()) {
     const std::string& a = args[r.i];
     std::string v;
@@ -956,7 +988,7 @@ int run_elect(const std::vector<std::string>& args) {
     if (a == "--recampaign") {
       f.recampaign = true;
       ++r.i;
-    } else if (r.value("etcd", &etcd) || r.value("election", &f.election) || r.value("id", &f.id) ||
+    } else if (r.value("etcd", &etcd) || r.value("election", &f.election) || (r.value("id", &f.id) && (id_given = true)) ||
                r.integer("ttl", 2, 3600, &f.ttl) || r.value("fence-token-file", &token_file) ||
                r.integer("fence-timeout-ms", 100, 3600000, &f.fence_timeout_ms) ||
                r.integer("grace-ms", 0, 3600000, &f.grace_ms) || r.value("log-level", &level)) {
@@ -976,7 +1008,8 @@ int run_elect(const std::vector<std::string>& args) {
   std::string why;
   if (etcd.empty()) r.errors.push_back("--etcd: required (e.g. http://127.0.0.1:2379)");
   else if (!parse_endpoint_list(etcd, &f.etcd, &why)) r.errors.push_back("--etcd: " + why);
-  if (f.election.empty()) r.errors.push_back("--election: required");
+  if (std::string e = election_name_error(f.election); !e.empty()) r.errors.push_back(e);
+  if (id_given && f.id.empty()) r.errors.push_back("--id: must not be empty (leave it out for hostname:pid)");
   if (f.id.size() > 256)  // the sidecars would refuse it as Fencing-Leader (max_leader_bytes) after winning
     r.errors.push_back("--id: at most 256 bytes (got " + std::to_string(f.id.size()) + ")");
   else if (std::any_of(f.id.begin(), f.id.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
@@ -988,14 +1021,9 @@ int run_elect(const std::vector<std::string>& args) {
   else if (level == "error") log::set_level(log::Level::error);
   else r.errors.push_back("--log-level: must be one of debug, info, warn, error (got \"" + level + "\")");
   if (!token_file.empty()) {
-    std::ifstream in(token_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string t = ss.str();
-    while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-    while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(0, 1);
-    if (!in || t.empty()) r.errors.push_back("--fence-token-file: cannot read a token from \"" + token_file + "\"");
-    f.fence_token = t;
+    f.fence_token = read_token_file(token_file);
+    if (f.fence_token.empty()) r.errors.push_back("--fence-token-file: cannot read a token from \"" + token_file + "\"");
+    f.fence_token_file = token_file;
   }
   if (!r.errors.empty()) return usage_error("elect", r.errors);
   if (f.id.empty()) f.id = default_id();
@@ -1026,7 +1054,7 @@ int run_leader(const std::vector<std::string>& args) {
   std::string why;
   if (etcd.empty()) r.errors.push_back("--etcd: required (e.g. http://127.0.0.1:2379)");
   else if (!parse_endpoint_list(etcd, &eps, &why)) r.errors.push_back("--etcd: " + why);
-  if (election.empty()) r.errors.push_back("--election: required");
+  if (std::string e = election_name_error(election); !e.empty()) r.errors.push_back(e);
   if (!r.errors.empty()) return usage_error("leader", r.errors);
   signal(SIGPIPE, SIG_IGN);
   // The time is shared among the endpoints: a call that times out ends there and the next one
