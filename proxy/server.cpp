@@ -1916,8 +1916,9 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
     // The upstream has the request (or part of it, and stopped reading) and has not answered: it
     // may still apply it. (A send that failed otherwise means the upstream closed the connection.)
     const bool response = std::string_view(stage) == "response";
-    const bool linger = timeout && linger_or_release(response ? "upstream timeout (response)" : "upstream timeout (send)",
-                                                     !response);
+    bool linger = false;
+    if (timeout) linger = linger_or_release(response ? "upstream timeout (response)" : "upstream timeout (send)", !response);
+    else ex->release();
     count(resource, Outcome::upstream_error);
     log::warn("upstream exchange failed", {log::kv("upstream", route.upstream), log::kv("stage", stage),
                                            log::kv("error", e.message()), log::kv("aborted_by_drain", ex->aborted ? 1 : 0),
