@@ -4,12 +4,16 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <fcntl.h>
 #include <filesystem>
 #include <fstream>
 #include <netinet/in.h>
 #include <poll.h>
+#include <mutex>
+#include <random>
+#include <vector>
 #include <sstream>
 #include <stdexcept>
 #include <sys/prctl.h>
@@ -160,12 +164,44 @@ std::string Process::log(std::size_t max_bytes) const { return read_file(log_pat
 
 bool Process::running() { return pid_ > 0 && !reap(false); }
 
+namespace {
+
+// Whether process `pid` holds the socket listening on 127.0.0.1:`port` (/proc/net/tcp's LISTEN
+// entry, matched by inode against the process's descriptors). Suites run in parallel: a port
+// picked free can be taken by another process before ours binds it, and a connect alone would
+// then mistake that process for ours.
+bool listens_on(pid_t pid, std::uint16_t port) {
+  std::ifstream tcp("/proc/net/tcp");
+  std::string line;
+  char want[16];
+  std::snprintf(want, sizeof want, "0100007F:%04X", port);
+  std::vector<std::string> inodes;
+  std::getline(tcp, line);  // header
+  while (std::getline(tcp, line)) {
+    std::istringstream in(line);
+    std::string sl, local, remote, state, queues, timer, retr, uid, timeout, inode;
+    in >> sl >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+    if (local == want && state == "0A") inodes.push_back("socket:[" + inode + "]");
+  }
+  if (inodes.empty()) return false;
+  std::error_code ec;
+  for (const auto& d : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code lec;
+    const std::string target = std::filesystem::read_symlink(d.path(), lec).string();
+    for (const auto& i : inodes)
+      if (target == i) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool Process::wait_for_port(std::uint16_t port, std::chrono::milliseconds timeout) {
   auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
     if (!running()) return false;
     Fd fd = connect_loopback(port, 200ms);
-    if (fd.valid()) return true;
+    if (fd.valid() && listens_on(pid_, port)) return true;
     std::this_thread::sleep_for(20ms);
   }
   return false;
@@ -198,6 +234,28 @@ ExitStatus Process::stop(std::chrono::milliseconds grace) {
 }
 
 std::uint16_t free_port() {
+  // Below the kernel's ephemeral range, so that the port-0 binds of the processes under test
+  // (admin listeners, client sockets) never land on a port picked here before it is bound.
+  int low = 32768, high = 60999;
+  {
+    std::ifstream r("/proc/sys/net/ipv4/ip_local_port_range");
+    r >> low >> high;
+  }
+  if (low > 12000) {
+    static std::mt19937 rng(static_cast<unsigned>(::getpid()) * 2654435761u ^
+                            static_cast<unsigned>(Clock::now().time_since_epoch().count()));
+    static std::mutex rng_mu;
+    std::lock_guard lk(rng_mu);
+    std::uniform_int_distribution<int> pick(10000, low - 1);
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(static_cast<std::uint16_t>(pick(rng)));
+      if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return ntohs(addr.sin_port);
+    }
+  }
   Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
