@@ -53,6 +53,7 @@
 #include "proxy/head.h"
 #include "proxy/log.h"
 #include "proxy/metrics.h"
+#include "proxy/readiness.h"
 #include "proxy/runtime.h"
 #include "proxy/token.h"
 
@@ -687,7 +688,10 @@ bool still_open(Socket& s) {
   ssize_t n = ::recv(s.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
   if (n == 0) return false;                                      // orderly close
   if (n > 0) return false;                                       // unsolicited bytes: unusable
-  return errno == EAGAIN || errno == EWOULDBLOCK;
+  if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+  // Nothing queued, not even an EOF: the answer's first read waits for it without trying first.
+  readiness::mark_empty(s);
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1086,8 +1090,12 @@ task<bool> Session::run(bool woken) {
       const bool idle_wait = hot && sc_->in.empty();
       if (hot) cold_at_ = Clock::now() + kHotIdle;
       w_.hot_idle += idle_wait;
-      std::size_t n = co_await client_.async_read_some(sc_->in.prepare(std::max<std::size_t>(room, 1)),
-                                                       net::redirect_error(use_task, ec));
+      // Waiting for the next request, a read right after a short one waits without a recv()
+      // that fails. Reads of the rest of a head try first, so that an EOF is seen at once.
+      if (!sc_->in.empty()) readiness::unknown(client_);
+      const std::size_t asked = std::max<std::size_t>(room, 1);
+      std::size_t n = co_await client_.async_read_some(sc_->in.prepare(asked), net::redirect_error(use_task, ec));
+      if (!ec) readiness::drained(client_, n, asked);
       w_.hot_idle -= idle_wait;
       sc_->in.commit(n);
       cold_at_ = Clock::time_point::max();
@@ -1153,7 +1161,9 @@ void Session::request_failed(const std::exception& e) {
 task<boost::system::error_code> Session::read_client(std::size_t want, std::chrono::milliseconds timeout) {
   arm(timeout);
   boost::system::error_code ec;
+  readiness::unknown(client_);  // body reads try first: a client that left is seen at once
   std::size_t n = co_await client_.async_read_some(sc_->in.prepare(want), net::redirect_error(use_task, ec));
+  if (!ec) readiness::drained(client_, n, want);
   disarm();
   sc_->in.commit(n);
   if (timed_out_) ec = net::error::timed_out;

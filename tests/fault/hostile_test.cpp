@@ -803,6 +803,33 @@ TEST_CASE("hostile: slowloris: a stalled body gets 408 and a close; a half-close
   for (const auto& e : up.parse_errors()) CHECK_MESSAGE(e.find("closed inside") != std::string::npos, e);
 }
 
+TEST_CASE("hostile: a whole request and then a half-close: answered once, then closed, well before the idle timeout") {
+  // A client may send its last request and shut its sending side at once (`nc -N`, scripts).
+  // The EOF then comes with the request's own bytes; the proxy must still answer, forward the
+  // write once, and close instead of holding the connection until idle_timeout_ms.
+  RecordingUpstream up;
+  json cfg = config_with_routes({route("/", up.url(), "default")});
+  cfg["idle_timeout_ms"] = 20000;
+  Proxy px(config_spec(cfg));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  for (const bool with_body : {true, false}) {
+    CAPTURE(with_body);
+    HttpClient c;
+    REQUIRE(c.connect(px.port()));
+    const auto t0 = Clock::now();
+    REQUIRE(c.send(with_body ? post("Content-Length: 5\r\n\r\nhello")
+                             : "GET /r HTTP/1.1\r\n" + kHost + kTok + "\r\n"));
+    c.shutdown_write();
+    auto r = c.read_response(5s);
+    INFO(describe(r));
+    CHECK(is_2xx(r));
+    CHECK(c.wait_closed(3s));
+    CHECK(ms_between(t0, Clock::now()) < 3000);
+  }
+  CHECK(up.count() == 2);
+}
+
 TEST_CASE("hostile: a body that keeps arriving is not cut by body_timeout_ms") {
   // README: body_timeout_ms is the "time without request-body progress". A 20-byte body sent one
   // byte every 100 ms with body_timeout_ms = 400 progresses every 100 ms and must pass. (The
