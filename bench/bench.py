@@ -482,6 +482,10 @@ backend be
                 "cpu_pct": statistics.median(r["cpu_pct"] for r in rs),
                 "cpu_us_per_req": statistics.median(r["cpu_pct"] / 100 / r["rps"] * 1e6 for r in rs),
                 "load_core_pct": statistics.median(r.get("load_core_pct", 0) for r in rs),
+                # What the load core (wrk + upstream + their kernel work) spent per request of
+                # this target: with that core saturated, 1e6 / this is the most the load side let
+                # any proxy reach.
+                "load_us_per_req": statistics.median(r.get("load_core_pct", 0) / 100 / r["rps"] * 1e6 for r in rs),
                 "runs": [round(r["rps"]) for r in rs],
             }
         t = self.res["throughput"]
@@ -679,16 +683,18 @@ backend be
         if t:
             L.append(f"### Throughput: `wrk -t1 -c{self.conns} -d{self.duration}s`, {self.body}-byte POST, "
                      f"median of {self.reps}\n")
-            L.append("| target | req/s | p50 ms | p99 ms | p99.9 ms | CPU of its core | CPU µs per request | load core busy | errors | req/s per run |")
-            L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+            L.append("| target | req/s | p50 ms | p99 ms | p99.9 ms | CPU of its core | CPU µs per request | load core busy "
+                     "| load core µs per request | errors | req/s per run |")
+            L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
             for name, v in t.items():
                 L.append(f"| {name} | {v['rps']:.0f} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['p999_ms']:.2f} | "
                          f"{v['cpu_pct']:.0f}% | {v['cpu_us_per_req']:.1f} | "
-                         + (f"{v['load_core_pct']:.0f}%" if self.pin else "-") + f" | {v['errors']:.0f} | "
-                         f"{', '.join(str(x) for x in v['runs'])} |")
+                         + (f"{v['load_core_pct']:.0f}% | {v.get('load_us_per_req', 0):.1f}" if self.pin else "- | -")
+                         + f" | {v['errors']:.0f} | {', '.join(str(x) for x in v['runs'])} |")
             L.append("\n(CPU: the target's processes' user+system time during the run (/proc/PID/stat), in % of one "
                      "core and per request; for `direct` it is the upstream's, which shares its core with wrk. Load core busy: "
-                     "how busy the core of wrk and the upstream was (/proc/stat).)\n")
+                     "how busy the core of wrk and the upstream was (/proc/stat); load core µs per request: that busy "
+                     "time per request of the target.)\n")
             L.append("")
             if {"nginx", "haproxy"} <= t.keys():
                 L.append("| fencegate mode | / nginx req/s | / HAProxy req/s | p99 / HAProxy p99 "
@@ -707,6 +713,17 @@ backend be
                              "both sides limited the rate. That compresses the req/s ratios toward 1: a faster "
                              "proxy cannot pull further ahead than the load side lets it. CPU per request on each "
                              "proxy's own core depends less on that and is the second comparison.\n")
+                    fe, ng = t.get("fencegate-enforce"), t["nginx"]
+                    if fe and fe.get("load_us_per_req"):
+                        # nginx on its own saturated core: rate ~ 1e6 / its CPU µs per request. A
+                        # fencegate held by the load core: rate ~ 1e6 / the load core's µs per
+                        # request under it. Their quotient is the most the load side allowed.
+                        L.append(f"What the load side allowed: under fencegate-enforce the load core spent "
+                                 f"{fe['load_us_per_req']:.1f} µs per request, so no proxy there could pass about "
+                                 f"{1e6 / fe['load_us_per_req'] / 1000:.1f}k req/s; nginx, on its own saturated core, "
+                                 f"spent {ng['cpu_us_per_req']:.1f} µs per request. Against nginx the highest req/s "
+                                 f"ratio this run's load side let a fencegate of any speed reach was about "
+                                 f"{ng['cpu_us_per_req'] / fe['load_us_per_req']:.2f}x.\n")
         a = self.res["advance"]
         if a:
             L.append(f"### Generation advance under load\n")
