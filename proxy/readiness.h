@@ -11,9 +11,11 @@
 // per-socket flag, so the next read goes straight to waiting, with no system call.
 //
 // What the rule cannot see is an end of stream that came with the last data (its edge merged
-// with theirs). A read then waits for an edge that does not come; the session's own deadlines
-// end that wait (an idle client connection parks after kHotIdle, and the park's epoll_ctl sees
-// the EOF). Pooled upstream connections are checked with a peek before reuse, which sees it.
+// with theirs), or bytes behind a TCP urgent mark (a read stops short there). A read that
+// trusts the mark then waits for an edge that does not come. So the session trusts it only
+// where that is cheap to undo: on a client connection from its second answer on, and only
+// until the next watchdog tick (20 ms), when the read tries after all. Pooled upstream
+// connections are checked with a peek before reuse, which sees an EOF.
 //
 // REQUIRES: the socket's io_context runs on one thread (the workers' do; no I/O locking), and
 // drained() is called on that thread. With another Boost than the one this was written against

@@ -848,6 +848,15 @@ class Session {
         if (s->deadline_ <= now) delete s;  // idle (or head) timeout while parked: close
         continue;
       }
+      if (s->trusting_) {
+        // Idle since before this tick on a read that skipped its recv(): try that recv() now.
+        // It finds an EOF that came with the last request (their epoll edges merged), which the
+        // mark cannot see, so such a client is closed within a tick, not after kHotIdle.
+        s->trusting_ = false;
+        s->probing_ = true;
+        boost::system::error_code ec;
+        s->client_.cancel(ec);
+      }
       if (s->cold_at_ <= now) {
         s->cold_at_ = Clock::time_point::max();
         s->going_cold_ = true;
@@ -924,6 +933,8 @@ class Session {
   bool timed_out_ = false;
   Clock::time_point cold_at_ = Clock::time_point::max();  // a hot idle read gives up its buffer
   bool going_cold_ = false;
+  bool trusting_ = false;  // an idle read waits on a short read's mark (readiness.h), not a recv()
+  bool probing_ = false;   // ... and the watchdog cancelled it to try the read after all
   UpConn* waiting_up_ = nullptr;          // the upstream connection in use, for the watchdog
   bool prompt_ = false;                   // this request waited on another thread: read its answer promptly
   int parked_fd_ = -1;                    // the client's descriptor while parked (client_ is empty)
@@ -1059,6 +1070,7 @@ void Session::shed() { w_.give_back(std::move(sc_)); }
 // only a few scalars (10,000 idle keep-alive connections are 10,000 of these frames).
 task<bool> Session::run(bool woken) {
   bool first = !woken;
+  std::uint8_t answered = 0;  // requests this run has answered, up to 2
   // Hot: read straight away, with the read buffer in place (a new connection, one the client
   // just woke, one that just served a request). Cold: park until the client sends.
   bool hot = true;
@@ -1073,6 +1085,7 @@ task<bool> Session::run(bool woken) {
     timed_out_ = false;
     Clock::time_point deadline = Clock::now() + (started || first ? cfg().header_timeout : cfg().idle_timeout);
     int state = 0;
+    bool probe = false;  // the watchdog ended a read that trusted the mark: this one tries first
     while ((state = scan_head(&checked, &head_len)) == 0) {
       deadline_ = deadline;
       // Waiting hot holds the read buffer, a frame and Asio's per-socket state; past
@@ -1091,10 +1104,20 @@ task<bool> Session::run(bool woken) {
       if (hot) cold_at_ = Clock::now() + kHotIdle;
       w_.hot_idle += idle_wait;
       // Waiting for the next request, a read right after a short one waits without a recv()
-      // that fails. Reads of the rest of a head try first, so that an EOF is seen at once.
-      if (!sc_->in.empty()) readiness::unknown(client_);
+      // that fails (readiness.h). Reads of the rest of a head try first, so that an EOF is seen
+      // at once, and so does the wait after a connection's first answer: a client that sent its
+      // one request and its EOF together (their epoll edges merged) is closed at once. From the
+      // second answer on, a connection is taken to be kept alive; if it then stays idle past a
+      // watchdog tick, the watchdog has the read try after all (probe).
+      const bool trust = sc_->in.empty() && answered >= 2 && !probe;
+      if (!trust) readiness::unknown(client_);
+      trusting_ = trust;
+      probe = false;
       const std::size_t asked = std::max<std::size_t>(room, 1);
       std::size_t n = co_await client_.async_read_some(sc_->in.prepare(asked), net::redirect_error(use_task, ec));
+      trusting_ = false;
+      const bool probed = probing_;
+      probing_ = false;
       if (!ec) readiness::drained(client_, n, asked);
       w_.hot_idle -= idle_wait;
       sc_->in.commit(n);
@@ -1103,6 +1126,11 @@ task<bool> Session::run(bool woken) {
       going_cold_ = false;
       hot = false;
       if (went_cold && n == 0 && !timed_out_ && ec == net::error::operation_aborted) continue;
+      if (probed && n == 0 && !timed_out_ && ec == net::error::operation_aborted) {
+        hot = true;  // the same hot wait goes on, its read trying first
+        probe = true;
+        continue;
+      }
       if (timed_out_) {
         if (!sc_->in.empty()) {
           sc_->out = local_reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
@@ -1136,6 +1164,7 @@ task<bool> Session::run(bool woken) {
     if (!again || rt_.stopping.load(std::memory_order_relaxed)) break;
     first = false;
     hot = true;
+    if (answered < 2) ++answered;
   }
   disarm();
   client_.shutdown(tcp::socket::shutdown_send, ec);

@@ -827,7 +827,25 @@ TEST_CASE("hostile: a whole request and then a half-close: answered once, then c
     CHECK(c.wait_closed(3s));
     CHECK(ms_between(t0, Clock::now()) < 3000);
   }
-  CHECK(up.count() == 2);
+  // The same after answers on a kept-alive connection: the third request and the EOF in one
+  // write.
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(c.send(post("Content-Length: 2\r\n\r\nok")));
+    auto r = c.read_response(5s);
+    INFO(describe(r));
+    CHECK(is_2xx(r));
+  }
+  const auto t0 = Clock::now();
+  REQUIRE(c.send(post("Content-Length: 2\r\n\r\nok")));
+  c.shutdown_write();
+  auto r = c.read_response(5s);
+  INFO(describe(r));
+  CHECK(is_2xx(r));
+  CHECK(c.wait_closed(3s));
+  CHECK(ms_between(t0, Clock::now()) < 1000);
+  CHECK(up.count() == 5);
 }
 
 TEST_CASE("hostile: a body that keeps arriving is not cut by body_timeout_ms") {
