@@ -65,15 +65,18 @@ struct ImplOf : Sock {
 }  // namespace detail
 #endif
 
-#ifdef FENCEGATE_READINESS
 namespace detail {
+// Sets whether the next read on `s` tries at once (Asio's default) or waits for epoll.
 template <class Sock>
 void set_try(Sock& s, bool on) {
+#ifdef FENCEGATE_READINESS
   State* st = (s.*ImplOf<Sock>::impl()).get_implementation().reactor_data_;
   if (st) (st->*member(SpecTag{}))[Reactor::read_op] = on;
+#else
+  (void)s, (void)on;  // another Boost or reactor: reads keep trying first
+#endif
 }
 }  // namespace detail
-#endif
 
 // Records that `s`'s receive queue is empty right now (a peek just found nothing, not even an
 // EOF): its next read waits for epoll instead of trying first. Call it at once after the
@@ -81,11 +84,7 @@ void set_try(Sock& s, bool on) {
 // that the reactor handles later undoes it, as it must.
 template <class Sock>
 void mark_empty(Sock& s) {
-#ifdef FENCEGATE_READINESS
   detail::set_try(s, false);
-#else
-  (void)s;
-#endif
 }
 
 // Records that a read on `s` asked for `asked` bytes and got `got` (no error): a short read
@@ -99,11 +98,7 @@ void drained(Sock& s, std::size_t got, std::size_t asked) {
 // must see an EOF that arrived with the last data at once (a request body, the rest of a head).
 template <class Sock>
 void unknown(Sock& s) {
-#ifdef FENCEGATE_READINESS
   detail::set_try(s, true);
-#else
-  (void)s;
-#endif
 }
 
 // True iff the marks take effect in this build.
