@@ -623,6 +623,7 @@ Reply AdminSession::resources(const std::string* one) {
     if (one && v.name != *one) continue;
     out[v.name] = json{{"resource", v.name}, {"generation", v.stored}, {"highest_seen", v.seen},
                        {"in_flight", v.inflight}, {"waiting", v.waiting}, {"mode", mode_of(*snap->cfg, v.name)},
+                       {"unstored_generation", v.owed > v.stored ? json(v.owed) : json(nullptr)},
                        {"advanced_at", nullptr}, {"advanced_by", nullptr}};
   }
   for (const auto& s : rt.store.load_all()) {
@@ -630,7 +631,8 @@ Reply AdminSession::resources(const std::string* one) {
     auto& j = out[s.resource];
     if (j.is_null())
       j = json{{"resource", s.resource}, {"generation", s.generation}, {"highest_seen", s.generation},
-               {"in_flight", 0}, {"waiting", 0}, {"mode", mode_of(*snap->cfg, s.resource)}};
+               {"in_flight", 0}, {"waiting", 0}, {"mode", mode_of(*snap->cfg, s.resource)},
+               {"unstored_generation", nullptr}};
     j["advanced_at"] = s.advanced_at_ms ? json(format_rfc3339_ms(s.advanced_at_ms)) : json(nullptr);
     j["advanced_by"] = s.advanced_by;
   }

@@ -37,6 +37,13 @@ struct FenceResource {
   std::chrono::steady_clock::time_point drain_deadline;
   std::chrono::steady_clock::time_point drain_started;  // valid while draining
   bool draining = false;
+  // Observe mode: the highest generation forwarded while its advance failed to commit (0: none
+  // owed). Retried about every second until it is stored (retry_observed()), so a later switch
+  // to enforce, or a restart, starts from it.
+  std::int64_t owed = 0;
+  std::string owed_leader;
+  // Guarded by the fence's timer_mu_: on its retry list
+  bool retry_queued = false;
 };
 
 struct Fence::After {
@@ -123,7 +130,8 @@ std::vector<ResourceView> Fence::snapshot() {
   out.reserve(all.size());
   for (FenceResource* r : all) {
     std::lock_guard lk(r->mu);
-    out.push_back(ResourceView{r->name, r->stored, r->seen, r->inflight + r->observed, r->waiting.size()});
+    out.push_back(ResourceView{r->name, r->stored, r->seen, r->inflight + r->observed, r->waiting.size(),
+                               std::max(r->owed, r->stored)});
   }
   std::sort(out.begin(), out.end(), [](const ResourceView& a, const ResourceView& b) { return a.name < b.name; });
   return out;
@@ -402,17 +410,27 @@ bool Fence::observe(const std::string& resource, std::int64_t g, const std::stri
       r->seen_leader = leader;
     }
   }
-  store_.advance(r->name, g, leader, [this, r, g, later = std::move(later)](store::Status st) {
+  store_.advance(r->name, g, leader, [this, r, g, leader, later = std::move(later)](store::Status st) {
     Decision d;
     After after;
+    bool owed = false;
     {
       std::lock_guard lk(r->mu);
       if (st.ok()) r->stored = std::max(r->stored, g);
+      if (r->owed <= r->stored) r->owed = 0;
       d = Decision{st.ok() ? Verdict::admit : Verdict::store_error, r->stored, r->seen, false};
       // An enforce advance waiting meanwhile (a switch from observe) may be free to go on now.
       if (st.ok() && r->advancing && !r->committing) proceed(r, after);
+      // The write is forwarded all the same (observe mode stops nothing), so its generation is
+      // owed to the store: without it a restart would start below a generation already let through.
+      if (!st.ok() && g > r->stored && g > r->owed) {
+        r->owed = g;
+        r->owed_leader = leader;
+      }
+      owed = r->owed > r->stored;
     }
     run(after);
+    if (owed) queue_retry(r);
     if (st.ok()) {
       std::lock_guard sl(stats_mu_);
       ++stats_.advances;
@@ -422,16 +440,88 @@ bool Fence::observe(const std::string& resource, std::int64_t g, const std::stri
   return false;
 }
 
+void Fence::queue_retry(FenceResource* r) {
+  std::lock_guard lk(timer_mu_);
+  if (r->retry_queued) return;
+  r->retry_queued = true;
+  if (retry_list_.empty()) retry_at_ = std::chrono::steady_clock::now() + kRetryInterval;
+  retry_list_.push_back(r);
+  timer_cv_.notify_all();
+}
+
+void Fence::retry_owed(FenceResource* r) {
+  std::int64_t g;
+  std::string leader;
+  {
+    std::lock_guard lk(r->mu);
+    if (r->owed <= r->stored) {
+      r->owed = 0;
+      return;
+    }
+    g = r->owed;
+    leader = r->owed_leader;
+  }
+  store_.advance(r->name, g, std::move(leader), [this, r, g](store::Status st) {
+    After after;
+    bool owed = false;
+    {
+      std::lock_guard lk(r->mu);
+      if (st.ok()) r->stored = std::max(r->stored, g);
+      if (r->owed <= r->stored) r->owed = 0;
+      if (st.ok() && r->advancing && !r->committing) proceed(r, after);
+      owed = r->owed > r->stored;
+    }
+    run(after);
+    if (st.ok()) {
+      std::lock_guard sl(stats_mu_);
+      ++stats_.advances;
+      ++stats_.owed_stored;
+    }
+    if (owed) queue_retry(r);  // at shutdown nothing takes it off the list: owed() reports it
+  });
+}
+
+void Fence::settle_owed() {
+  std::lock_guard rl(retry_mu_);
+  retries_stopped_ = true;
+  std::vector<FenceResource*> all;
+  {
+    std::lock_guard lk(map_mu_);
+    for (auto& [_, r] : resources_) all.push_back(r.get());
+  }
+  for (FenceResource* r : all) retry_owed(r);
+}
+
+std::vector<ResourceView> Fence::owed() {
+  std::vector<ResourceView> out;
+  for (const ResourceView& v : snapshot())
+    if (v.owed > v.stored) out.push_back(v);
+  return out;
+}
+
 void Fence::timer_loop() {
   std::unique_lock lk(timer_mu_);
   while (!stopping_) {
-    if (deadlines_.empty()) {
-      timer_cv_.wait(lk);
+    const auto now = std::chrono::steady_clock::now();
+    if (!retry_list_.empty() && now >= retry_at_) {
+      std::vector<FenceResource*> due;
+      due.swap(retry_list_);
+      for (FenceResource* r : due) r->retry_queued = false;
+      lk.unlock();
+      {
+        // Not once settle_owed() ran: the store may be going away.
+        std::lock_guard rl(retry_mu_);
+        if (!retries_stopped_)
+          for (FenceResource* r : due) retry_owed(r);
+      }
+      lk.lock();
       continue;
     }
-    auto first = deadlines_.begin()->first;
-    if (std::chrono::steady_clock::now() < first) {
-      timer_cv_.wait_until(lk, first);
+    if (deadlines_.empty() || now < deadlines_.begin()->first) {
+      auto until = deadlines_.empty() ? std::chrono::steady_clock::time_point::max() : deadlines_.begin()->first;
+      if (!retry_list_.empty()) until = std::min(until, retry_at_);
+      if (until == std::chrono::steady_clock::time_point::max()) timer_cv_.wait(lk);
+      else timer_cv_.wait_until(lk, until);
       continue;
     }
     FenceResource* r = deadlines_.begin()->second;

@@ -78,12 +78,16 @@ struct ResourceView {
   std::int64_t seen = 0;
   std::size_t inflight = 0;
   std::size_t waiting = 0;
+  // >= stored. Above it: a generation forwarded in observe mode whose advance has not committed
+  // yet (the store failed); it is retried about every second.
+  std::int64_t owed = 0;
 };
 
 struct FenceStats {
   std::uint64_t advances = 0;
   std::uint64_t drain_waits = 0;
   std::uint64_t drain_aborts = 0;
+  std::uint64_t owed_stored = 0;  // observe-mode generations stored by a retry after a failed commit
 };
 
 class Fence {
@@ -141,6 +145,12 @@ class Fence {
   bool observe(const std::string& resource, std::int64_t g, const std::string& leader,
                Decision* now, DecisionFn later);
 
+  // Shutdown, before the store drains: stops the retries of owed observe-mode generations (see
+  // ResourceView::owed) and queues one last attempt for each, which the store's drain commits.
+  void settle_owed();
+  // Resources still owing a generation (owed > stored), e.g. after settle_owed() and the drain.
+  std::vector<ResourceView> owed();
+
   // Shutdown: forgets every parked decision callback (without calling it) and every in-flight
   // registration, so the owners of those callbacks and nodes (sessions on io_contexts being torn
   // down) can be destroyed in any order; later release() calls are no-ops.
@@ -168,6 +178,8 @@ class Fence {
   void run(After& after);
   void on_committed(FenceResource* r, std::int64_t target, store::Status st);
   void timer_loop();
+  void queue_retry(FenceResource* r);
+  void retry_owed(FenceResource* r);
 
   // Constant after construction
   store::Store& store_;
@@ -184,6 +196,13 @@ class Fence {
   std::condition_variable timer_cv_;
   std::multimap<std::chrono::steady_clock::time_point, FenceResource*> deadlines_;
   bool stopping_ = false;
+  static constexpr std::chrono::seconds kRetryInterval{1};
+  std::vector<FenceResource*> retry_list_;           // owed generations to retry (FenceResource::retry_queued)
+  std::chrono::steady_clock::time_point retry_at_;  // when, if retry_list_ is not empty
+  // Held while retries are issued; settle_owed() sets retries_stopped_ under it, so no retry
+  // reaches the store after the shutdown's last attempt. Taken before timer_mu_, never after.
+  std::mutex retry_mu_;
+  bool retries_stopped_ = false;
   std::thread timer_;
 
   std::function<void(double)> drain_observer_;  // constant once traffic starts

@@ -2628,8 +2628,14 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   // completions still reach the fence). Then the fence forgets parked callbacks and in-flight
   // registrations, so the sessions still suspended in the io_contexts (destroyed at scope exit,
   // before the fence) can go in any order.
+  // Generations forwarded in observe mode while the store failed get one last attempt first.
+  fence->settle_owed();
   store->set_commit_observer(nullptr);
   store->drain_and_stop();
+  for (const ResourceView& v : fence->owed())
+    log::error("observe mode: a forwarded generation was never stored (the store kept failing); "
+               "after this restart a lower generation is not known to be stale",
+               {log::kv("resource", v.name), log::kv("generation", v.owed), log::kv("stored", v.stored)});
   if (const std::uint64_t lost = store->audit_rows_dropped())
     log::error("observe-mode audit rows could not be written and are lost (the store kept failing)",
                {log::kv("rows", lost)});

@@ -529,6 +529,69 @@ TEST_CASE("fence: a failed commit answers parked writes with store_error and kee
   }
 }
 
+TEST_CASE("fence: an observe-mode generation whose commit failed is retried until it is stored") {
+  // Observe mode forwards the write even when its advance fails, so the store owes that
+  // generation: a restart without it would start below a generation already let through.
+  ManualStore s;
+  s.preset("r", 5);
+  Fence f(s, 10s, kManyResources);
+  REQUIRE(f.load(nullptr));
+  Decision now;
+  Later l7;
+  REQUIRE_FALSE(f.observe("r", 7, "L7", &now, l7.fn()));
+  s.complete(/*ok=*/false);
+  CHECK(l7.get().verdict == Verdict::store_error);
+  CHECK(f.current("r") == 5);
+  auto views = f.owed();
+  REQUIRE(views.size() == 1);
+  CHECK(views[0].owed == 7);
+
+  // Nothing else arrives for "r": the fence itself retries, about a second later.
+  auto deadline = std::chrono::steady_clock::now() + 3s;
+  while (s.pending() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  REQUIRE(s.pending() == 1);
+  CHECK(s.front().generation == 7);
+  CHECK(s.front().leader == "L7");
+  s.complete(/*ok=*/false);  // still failing: retried again
+  deadline = std::chrono::steady_clock::now() + 3s;
+  while (s.pending() == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  REQUIRE(s.pending() == 1);
+  s.complete();
+  CHECK(s.stored("r") == 7);
+  CHECK(f.current("r") == 7);
+  CHECK(f.owed().empty());
+  CHECK(f.stats().owed_stored == 1);
+  // Stale from now on, as in enforce after a restart.
+  REQUIRE(f.observe("r", 6, "L6", &now, Later().fn()));
+  CHECK(now.observe_stale);
+  std::this_thread::sleep_for(1200ms);
+  CHECK(s.pending() == 0);  // nothing owed, nothing retried
+}
+
+TEST_CASE("fence: at shutdown an owed observe-mode generation gets a last attempt, committed by the drain") {
+  TempDir tmp;
+  auto store = must_open(tmp.db());
+  {
+    Fence f(*store, 10s, kManyResources);
+    store->inject_commit_failure(true);
+    Decision now;
+    Later l;
+    REQUIRE_FALSE(f.observe("r", 9, "L9", &now, l.fn()));
+    auto d = l.wait();
+    REQUIRE(d.has_value());
+    CHECK(d->verdict == Verdict::store_error);
+    store->inject_commit_failure(false);
+    f.settle_owed();  // at once, not a second later
+    quiesce(*store);
+    CHECK(f.current("r") == 9);
+    CHECK(f.owed().empty());
+  }
+  auto all = store->load_all();
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].generation == 9);
+  CHECK(all[0].advanced_by == "L9");
+}
+
 TEST_CASE("fence: a failed commit on the real store fails closed, and a retry succeeds") {
   TempDir tmp;
   auto store = must_open(tmp.db());
