@@ -17,6 +17,8 @@
 
 #include <signal.h>
 #include <dirent.h>
+#include <poll.h>
+#include <time.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/types.h>
@@ -90,7 +92,8 @@ constexpr const char* kElectUsage =
     "  SIGTERM/SIGINT are passed to the command's process group (SIGHUP/SIGQUIT as SIGTERM;\n"
     "  SIGKILL after --grace-ms), then elect resigns and exits with the command's status;\n"
     "  SIGUSR1/SIGUSR2 are passed on and change nothing else. If elect itself dies (even by\n"
-    "  SIGKILL), the command's whole process group gets SIGKILL (a guardian process watches elect).\n"
+    "  SIGKILL), the command's whole process group gets SIGKILL (a guardian process watches elect);\n"
+    "  so it does when the lease's earliest expiry passes while elect is stopped (SIGSTOP, Ctrl-Z).\n"
     "  Processes that leave the command's process group (setsid, a shell's job control) are not\n"
     "  stopped: keep the command's work in its group.\n"
     "\n"
@@ -305,17 +308,29 @@ void cloexec_from_3() {
 // (PR_SET_PDEATHSIG) reaches only the command itself; its children would run on after a
 // SIGKILL of elect, with the token. The guardian holds the read end of a pipe whose write end
 // only elect holds: when elect dies, however it dies, the guardian reads EOF and kills the
-// command's whole process group. When elect is done with the command (reaped, group killed), it
-// says so first and the guardian just exits.
+// command's whole process group. It also holds the lease's earliest expiry on etcd, which elect
+// sends it after each renewal: an elect that does not run (SIGSTOP, a Ctrl-Z, a stalled VM
+// thread) cannot stop its command when its lease runs out, so the guardian kills the group at
+// that moment, before etcd can elect a successor. When elect is done with the command (reaped,
+// group killed), it says so first and the guardian just exits. Messages are 8-byte integers
+// (atomic on a pipe): a steady-clock expiry in nanoseconds, or kGuardianDone.
 struct Guardian {
   pid_t pid = -1;
-  int fd = -1;  // write end: a byte 'd' = done; EOF without it = elect is gone
+  int fd = -1;  // write end
+  std::int64_t sent = 0;  // the last expiry sent
 };
 
-Guardian start_guardian(pid_t group) {
+constexpr std::int64_t kGuardianDone = -1;
+
+std::int64_t steady_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+Guardian start_guardian(pid_t group, Clock::time_point expiry) {
   Guardian g;
   int life[2];
   if (pipe2(life, O_CLOEXEC) != 0) return g;
+  const std::int64_t first = steady_ns(expiry);
   const pid_t pid = fork();
   if (pid < 0) {
     close(life[0]);
@@ -327,28 +342,52 @@ Guardian start_guardian(pid_t group) {
     close(life[1]);
     sigset_t all;
     sigfillset(&all);
-    sigprocmask(SIG_SETMASK, &all, nullptr);  // ends only through the pipe (or SIGKILL)
+    sigprocmask(SIG_SETMASK, &all, nullptr);  // ends only through the pipe, its deadline (or SIGKILL)
+    setpgid(0, 0);  // a SIGSTOP sent to elect's process group does not stop it
     if (life[0] != 3) {
       dup2(life[0], 3);
       close(life[0]);
     }
     ::close_range(4, ~0U, 0);
-    char c = 0;
-    ssize_t n;
-    do n = read(3, &c, 1);
-    while (n < 0 && errno == EINTR);
-    if (!(n == 1 && c == 'd')) kill(-group, SIGKILL);
+    std::int64_t expiry_ns = first;
+    for (;;) {
+      struct timespec now {};
+      clock_gettime(CLOCK_MONOTONIC, &now);  // std::chrono::steady_clock's clock
+      const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+      if (now_ns >= expiry_ns) break;
+      const std::int64_t left_ms = (expiry_ns - now_ns + 999999) / 1000000;
+      struct pollfd pfd {3, POLLIN, 0};
+      const int r = poll(&pfd, 1, static_cast<int>(std::min<std::int64_t>(left_ms, 60000)));
+      if (r < 0 && errno != EINTR) break;
+      if (r <= 0) continue;
+      std::int64_t msg = 0;
+      ssize_t n;
+      do n = read(3, &msg, sizeof msg);
+      while (n < 0 && errno == EINTR);
+      if (n == static_cast<ssize_t>(sizeof msg) && msg == kGuardianDone) _exit(0);
+      if (n != static_cast<ssize_t>(sizeof msg)) break;  // EOF: elect is gone
+      expiry_ns = msg;
+    }
+    kill(-group, SIGKILL);
     _exit(0);
   }
   close(life[0]);
   g.pid = pid;
   g.fd = life[1];
+  g.sent = first;
   return g;
+}
+
+// Tells the guardian the lease's new earliest expiry (after a renewal).
+void extend_guardian(Guardian& g, Clock::time_point expiry) {
+  const std::int64_t ns = steady_ns(expiry);
+  if (g.fd < 0 || ns <= g.sent) return;
+  if (write(g.fd, &ns, sizeof ns) == static_cast<ssize_t>(sizeof ns)) g.sent = ns;
 }
 
 void release_guardian(Guardian& g) {
   if (g.fd >= 0) {
-    [[maybe_unused]] auto n = write(g.fd, "d", 1);
+    [[maybe_unused]] auto n = write(g.fd, &kGuardianDone, sizeof kGuardianDone);
     close(g.fd);
     g.fd = -1;
   }
@@ -364,7 +403,8 @@ void release_guardian(Guardian& g) {
 // The child waits for a byte on the `go` pipe before it execs: the guardian exists before the
 // command can fork anything, so a SIGKILL of elect at any moment leaves no child of the command
 // running. If elect dies before the byte, the child reads EOF and exits without exec.
-pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env, Guardian* guardian) {
+pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env, Clock::time_point expiry,
+            Guardian* guardian) {
   // Everything the child needs is built before fork(): after it, only async-signal-safe calls.
   std::vector<char*> argv;
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
@@ -403,7 +443,11 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
     while (g < 0 && errno == EINTR);
     if (g != 1) _exit(127);  // elect is gone (or failed) before the guardian was in place
     cloexec_from_3();
-    signal(SIGPIPE, SIG_DFL);
+    // Default dispositions for what elect passes on: a launcher's SIG_IGN (a shell starts
+    // background jobs with SIGINT and SIGQUIT ignored) would make the command deaf to them.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(sig, &dfl, nullptr);
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -416,7 +460,7 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
   setpgid(pid, pid);  // also in the parent: no race with the signals we may send at once
   close(report[1]);
   close(go[0]);
-  *guardian = start_guardian(pid);
+  *guardian = start_guardian(pid, expiry);
   {
     [[maybe_unused]] auto w = write(go[1], "g", 1);
   }
@@ -879,7 +923,7 @@ int Elect::run() {
       continue;
     }
     Guardian guardian;
-    pid_t pid = spawn(f_.command, child_env(f_, token), &guardian);
+    pid_t pid = spawn(f_.command, child_env(f_, token), keeper->deadline() + keeper->margin(), &guardian);
     if (pid < 0) {
       log::error("could not start the command",
                  {log::kv("command", f_.command.front()), log::kv("error", std::strerror(errno))});
@@ -896,8 +940,15 @@ int Elect::run() {
       int sig = wait_signal(50ms);
       if (reap_command(pid, &wstatus)) {
         exited = true;
+        if (!keeper->valid()) {
+          // Its guardian killed it at the lease's earliest expiry, while elect was not running.
+          log::error("leadership lost: the lease ran out while elect was stopped; the command was killed at its expiry",
+                     {log::kv("token", token), log::kv("pid", pid), log::kv("status", exit_code_of(wstatus))});
+          lost = true;
+        }
         break;
       }
+      if (keeper->valid()) extend_guardian(guardian, keeper->deadline() + keeper->margin());
       if (!keeper->valid()) {
         log::error("leadership lost: stopping the command",
                    {log::kv("state", LeaseKeeper::to_string(keeper->state())), log::kv("token", token), log::kv("pid", pid),

@@ -159,6 +159,32 @@ TEST_CASE("elect: SIGHUP and SIGQUIT stop the command with SIGTERM and resign; S
   }
 }
 
+// A shell starts background jobs (`fencegate elect ... &` in a script) with SIGINT ignored, and
+// an ignored signal stays ignored across exec. elect acts on SIGINT and passes it on, so the
+// command must get it with the default disposition, or it could not even trap it.
+TEST_CASE("elect: started with SIGINT ignored, SIGINT still reaches the command, which can trap it") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  const std::string started = dir.file("int-started");
+  const std::string script = "trap '' INT; exec " + std::string(kFencegate) + " elect --etcd " + etcd.url() +
+                             " --election billing --id worker-int --ttl 30 --grace-ms 8000 -- sh -c "
+                             "'trap \"exit 42\" INT; touch " + started + "; while :; do sleep 0.05; done'";
+  Process p = Process::start({"/bin/sh", "-c", script}, ProcessOptions{dir.file("int.log"), {}, {}});
+  INFO(read_file(dir.file("int.log")));
+  REQUIRE(eventually([&] { return std::filesystem::exists(started); }, 10s));
+  const auto t0 = Clock::now();
+  p.kill(SIGINT);
+  auto st = p.wait_for(10s);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+  REQUIRE(st.has_value());
+  CHECK(st->exited);
+  CHECK(st->code == 42);  // the command's trap ran: no SIGKILL after the 8 s grace
+  CHECK(ms < 4000);
+  CHECK(leader_of(etcd, "billing").code() == 3);
+}
+
 TEST_CASE("elect: the command starts only after every fence answered 200 (activation barrier)") {
   FG_REQUIRE_ETCD();
   EtcdServer etcd;
@@ -262,8 +288,8 @@ TEST_CASE("elect: a command that cannot be started: exit 1 with the reason, and 
   CHECK(leader_of(etcd, "nocmd").code() == 3);  // resigned
 }
 
-TEST_CASE("elect: a SIGSTOPped leader loses to a successor; on SIGCONT its command is stopped at once, exit 75, "
-          "and its stale write is refused") {
+TEST_CASE("elect: a SIGSTOPped leader loses to a successor; its guardian kills the command by the lease's expiry, "
+          "before the successor starts; on SIGCONT exit 75, and its stale write is refused") {
   FG_REQUIRE_ETCD();
   EtcdServer etcd;
   FG_START_ETCD(etcd);
@@ -313,7 +339,9 @@ TEST_CASE("elect: a SIGSTOPped leader loses to a successor; on SIGCONT its comma
   CHECK(generation() == tb);
   MESSAGE("B took over ", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at).count(),
           " ms after A was stopped");
-  CHECK(pid_alive(a_child));  // A's command ran on during the pause (that is what the fence is for)
+  // A's elect could not stop its command during the pause: its guardian did, at the lease's
+  // earliest expiry, before etcd could let B lead.
+  CHECK_FALSE(pid_alive(a_child));
   std::this_thread::sleep_for(500ms);
 
   // A resumes: its clock says the lease deadline has long passed.
@@ -328,7 +356,7 @@ TEST_CASE("elect: a SIGSTOPped leader loses to a successor; on SIGCONT its comma
   REQUIRE(st.has_value());
   CHECK(st->exited);
   CHECK(st->code == 75);
-  CHECK(a.log().find("leadership lost: stopping the command") != std::string::npos);
+  CHECK(a.log().find("leadership lost: the lease ran out while elect was stopped") != std::string::npos);
 
   // Whatever A's command had still queued is refused by the fence.
   auto stale = request(data_port, "POST", "/charge", {{"Fencing-Token", std::to_string(ta)}});
