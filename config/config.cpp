@@ -383,6 +383,12 @@ std::string mode_error(std::string_view got) {
   return "must be one of enforce, observe, off (got " + quote(got) + ")";
 }
 
+// No setting nests deeper than a few levels. A deeper document is refused as it is read: the
+// paths kept per level would otherwise cost memory quadratic in the depth (a 200 KB file of
+// brackets took gigabytes, enough to kill a running sidecar on reload).
+constexpr std::size_t kMaxConfigDepth = 32;
+struct TooDeep {};
+
 // Reports duplicate object keys, which nlohmann would otherwise resolve silently (last wins).
 class DuplicateKeyFinder {
  public:
@@ -393,6 +399,7 @@ class DuplicateKeyFinder {
     switch (event) {
       case json::parse_event_t::object_start:
       case json::parse_event_t::array_start: {
+        if (stack_.size() >= kMaxConfigDepth) throw TooDeep{};
         std::string path;
         if (!stack_.empty()) {
           Frame& parent = stack_.back();
@@ -615,6 +622,11 @@ bool parse_json_into(Config& c, std::string_view text, std::string_view source,
   std::string where;  // the field being parsed
   try {
     doc = json::parse(text.begin(), text.end(), DuplicateKeyFinder(dup_errors, where));
+  } catch (const TooDeep&) {
+    errors.push_back(std::string(source) + ": " + (where.empty() ? std::string("the document") : where) +
+                     ": nested more than " + std::to_string(kMaxConfigDepth) +
+                     " levels deep (no setting nests more than a few)");
+    return false;
   } catch (const json::parse_error& e) {
     std::string what = e.what();
     if (auto p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos) {

@@ -226,6 +226,19 @@ TEST_CASE("invalid JSON names the source and position") {
   CHECK(arr.errors[0] == "fg.json: must be a JSON object (got array)");
 }
 
+TEST_CASE("a config nested absurdly deep is refused with its field named, without costing gigabytes") {
+  // Memory used to grow with the square of the depth: 200 KB of brackets took gigabytes.
+  const std::size_t depth = 100000;
+  std::string text = "{\"threads\": 1, \"zz\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
+  auto r = load_json(text, "fg.json");
+  CHECK_FALSE(r.config);
+  REQUIRE(r.errors.size() == 1);
+  CHECK(r.errors[0] == "fg.json: zz: nested more than 32 levels deep (no setting nests more than a few)");
+  // A real config's depth (routes -> route -> write_methods) is far below the limit.
+  auto ok = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1", "write_methods": ["POST"]}]})");
+  CHECK(ok.config);
+}
+
 TEST_CASE("duplicate JSON keys are errors, not silently last-wins") {
   auto r = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"},
       {"prefix": "/a/", "upstream": "http://h:1", "mode": "enforce", "mode": "off"}], "db": "a", "db": "b"})");
