@@ -3,6 +3,7 @@
 #include "proxy/admin.h"
 
 #include <algorithm>
+#include <charconv>
 #include <boost/asio.hpp>
 #include <csignal>
 #include <nlohmann/json.hpp>
@@ -836,16 +837,16 @@ bool parse_int_param(const std::map<std::string, std::string>& q, const char* ke
                      std::int64_t* out, std::string* err) {
   auto it = q.find(key);
   if (it == q.end() || it->second.empty()) return true;
-  try {
-    std::size_t used = 0;
-    long long v = std::stoll(it->second, &used);
-    if (used != it->second.size() || v < lo || v > hi) throw std::out_of_range("x");
-    *out = v;
-    return true;
-  } catch (...) {
+  // Digits only, as the CLI flags take them: no sign, no whitespace (stoll would skip both).
+  const std::string& t = it->second;
+  std::int64_t v = 0;
+  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+  if (t.front() < '0' || t.front() > '9' || ec != std::errc() || end != t.data() + t.size() || v < lo || v > hi) {
     *err = std::string(key) + ": must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi);
     return false;
   }
+  *out = v;
+  return true;
 }
 
 bool parse_time_param(const std::map<std::string, std::string>& q, const char* key, std::int64_t* out, std::string* err) {

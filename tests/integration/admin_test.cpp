@@ -576,6 +576,12 @@ TEST_CASE("admin: /v1/audit paginates newest first with a stable cursor, filters
   CHECK(admin_get(admin, "/v1/audit?since=yesterday").code() == 400);
   CHECK(admin_get(admin, "/v1/audit?limit=0").code() == 400);
   CHECK(admin_get(admin, "/v1/audit?colour=red").code() == 400);
+  // Integers are digits only, as the CLI takes them: no sign, no whitespace on either side.
+  for (const char* bad : {"limit=%2B5", "limit=%205", "limit=%0A5", "limit=5%20", "limit=-5", "cursor=%2B7", "limit=5x"}) {
+    CAPTURE(bad);
+    CHECK(admin_get(admin, std::string("/v1/audit?") + bad).code() == 400);
+  }
+  CHECK(admin_get(admin, "/v1/audit?limit=5").code() == 200);
 }
 
 TEST_CASE("admin: /v1/audit/unfenced groups observe-mode callers without a valid token") {
