@@ -878,6 +878,7 @@ class Session {
   void begin_request();
   void request_failed(const std::exception& e);
   task<bool> handle(std::size_t head_len);
+  bool body_abandoned(const Framing& fr, std::size_t head_len);
   task<bool> reply(const Problem& p, bool keep_alive, int version, const FenceMarks& marks);
   task<store::Status> audit_sync(store::AuditRow& row);  // moves from row
   task<bool> discard(std::uint64_t n);
@@ -1257,6 +1258,21 @@ task<store::Status> Session::audit_sync(store::AuditRow& row) {
 
 enum class TokenState { ok, missing, malformed };
 
+// True iff the request's body is not whole in sc_->in and the client has closed its side (EOF
+// queued behind what was read), so the body can never be completed. Never blocks.
+bool Session::body_abandoned(const Framing& fr, std::size_t head_len) {
+  char c;
+  const ssize_t n = ::recv(client_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n != 0) return false;  // more bytes, nothing yet, or an error the body's read will see
+  readiness::unknown(client_);
+  const std::string_view body = sc_->in.view().substr(head_len);
+  if (!fr.chunked) return fr.content_length && body.size() < *fr.content_length;
+  ChunkDecoder dec;
+  std::string_view rest = body, data;
+  while (!rest.empty() && !dec.done() && !dec.failed()) rest.remove_prefix(dec.feed(rest, &data));
+  return !dec.done();
+}
+
 task<bool> Session::handle(std::size_t head_len) {
   const auto& cfg = this->cfg();
   const RequestHead& head = sc_->head;  // scanned by run()
@@ -1562,6 +1578,13 @@ task<bool> Session::handle(std::size_t head_len) {
         if (!now) {
           d = co_await slot->wait();
           prompt_ = true;
+          // It waited (a drain, a commit): a client that closed meanwhile before its body was
+          // whole can never complete this request. It is not sent late, cut off, to an upstream.
+          if (d.verdict == Verdict::admit && has_body && body_abandoned(fr, head_len)) {
+            log::info("client closed before its body was whole while its write waited for the fence: not forwarded",
+                      {log::kv("resource", m.resource), log::kv("generation", g)});
+            co_return false;
+          }
         }
       }
       marks.generation = d.current;
