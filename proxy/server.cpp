@@ -1291,9 +1291,24 @@ task<bool> Session::handle(std::size_t head_len) {
         break;
       }
   }
+  // Refusals made before the fence decision (ambiguous framing, 501, a Connection header naming
+  // an end-to-end field, 417) still carry Fencing-Generation when the path routes to a fenced
+  // resource, as every answer to a fenced request does.
+  config::Router::Match early_match;
+  FenceMarks early;
+  auto early_marks = [&]() -> const FenceMarks& {
+    early_match = snap_->router.match(head.target);
+    if (early_match.outcome == config::Router::Outcome::matched && early_match.route->mode != Mode::off &&
+        early_match.route->is_fenced(head.method)) {
+      early.generation = rt_.fence.current(early_match.resource);
+      early.resource = early_match.resource;
+    }
+    return early;
+  };
   if (!fr.ok) {
     sc_->problem = Problem{400, "bad-framing", "Bad request", fr.reason};
-    co_return co_await reply(sc_->problem, false, version, kNoMarks);
+    const FenceMarks& mk = early_marks();
+    co_return co_await reply(sc_->problem, false, version, mk);
   }
   const bool has_body = fr.chunked || (fr.content_length && *fr.content_length > 0);
 
@@ -1330,7 +1345,8 @@ task<bool> Session::handle(std::size_t head_len) {
   if (head.method == "CONNECT" || head.has(FieldKind::upgrade)) {
     sc_->problem =
         Problem{501, "not-implemented", "Not implemented", "CONNECT and protocol upgrades are not supported"};
-    co_return co_await reply(sc_->problem, false, version, kNoMarks);
+    const FenceMarks& mk = early_marks();
+    co_return co_await reply(sc_->problem, false, version, mk);
   }
   // Connection may not name end-to-end fields we rely on: stripping them would change framing
   // or drop the token on its way upstream.
@@ -1347,7 +1363,8 @@ task<bool> Session::handle(std::size_t head_len) {
     if (bad_conn) {
       sc_->problem =
           Problem{400, "bad-connection-header", "Bad request", "the Connection header names an end-to-end field"};
-      co_return co_await reply(sc_->problem, false, version, kNoMarks);
+      const FenceMarks& mk = early_marks();
+      co_return co_await reply(sc_->problem, false, version, mk);
     }
   }
   {
@@ -1359,7 +1376,8 @@ task<bool> Session::handle(std::size_t head_len) {
     if (ne > 1 || (ne == 1 && !iequals(ev, "100-continue"))) {
       sc_->problem =
           Problem{417, "expectation-failed", "Expectation failed", "only \"Expect: 100-continue\" is supported"};
-      co_return co_await reply(sc_->problem, false, version, kNoMarks);
+      const FenceMarks& mk = early_marks();
+      co_return co_await reply(sc_->problem, false, version, mk);
     }
     expect_continue = ne == 1 && version == 11;
   }

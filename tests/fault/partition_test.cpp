@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -81,6 +82,18 @@ std::uint64_t env_u64(const char* name, std::uint64_t dflt) {
 
 // ------------------------------------------------------------------------------------------
 // The schedule
+
+// The children of `pid` (from /proc/PID/task/*/children).
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream in(t.path() / "children");
+    pid_t c;
+    while (in >> c) out.push_back(c);
+  }
+  return out;
+}
 
 enum class Fault { partition_etcd, partition_full, delay_etcd, held_write, etcd_restart, sigstop };
 const char* to_string(Fault f) {
@@ -201,6 +214,7 @@ struct Worker {
   Clock::time_point restart_at{};
   bool stopped = false;     // SIGSTOPped by the schedule
   pid_t stopped_group = -1;  // the command's process group stopped with it
+  std::vector<pid_t> stopped_others;  // elect's other children (its guardian), stopped with it
   std::string dir;
 
   std::string ops_log() const { return dir + "/" + id + ".ops.jsonl"; }
@@ -501,8 +515,10 @@ class World {
     if (w.stopped_group > 0) ::kill(-w.stopped_group, SIGCONT);
     if (between > 0ms) std::this_thread::sleep_for(between);
     if (w.elect) w.elect->kill(SIGCONT);
+    for (pid_t p : w.stopped_others) ::kill(p, SIGCONT);
     w.stopped = false;
     w.stopped_group = -1;
+    w.stopped_others.clear();
   }
 
   // Stops every worker (SIGTERM to elect: passed to the command, then resign).
@@ -722,9 +738,13 @@ ScheduleResult run_schedule(const Schedule& s) {
         w.event("etcd serving");
         break;
       case Fault::sigstop:
-        w.event("SIGSTOP " + who + ": elect and its command");
+        // The whole host pauses (a VM suspend): elect, its command, and the guardian elect runs
+        // next to the command (which would otherwise kill the command at the lease's expiry).
+        w.event("SIGSTOP " + who + ": elect, its command and its guardian");
         ::kill(-cur->pid, SIGSTOP);
         lw.elect->kill(SIGSTOP);
+        for (pid_t p : children_of(lw.elect->pid()))
+          if (p != cur->pid && ::kill(p, SIGSTOP) == 0) lw.stopped_others.push_back(p);
         lw.stopped = true;
         lw.stopped_group = cur->pid;
         paused.insert(cur->pid);

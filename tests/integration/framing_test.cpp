@@ -259,6 +259,36 @@ TEST_CASE("framing: CONNECT and Upgrade get 501 and are not forwarded") {
   check_only_control_reached(px, up);
 }
 
+TEST_CASE("framing: refusals before the fence decision still carry Fencing-Generation on a fenced route") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  REQUIRE(is_2xx(request(px.port(), "POST", "/control", token(3))));  // stored generation: 3
+  const std::vector<std::pair<std::string, int>> cases{
+      {head("Expect: something-else\r\nContent-Length: 0\r\n\r\n"), 417},
+      {head("Connection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 0\r\n\r\n"), 501},
+      {head("Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"), 400},
+      {head("Connection: Fencing-Token\r\nContent-Length: 0\r\n\r\n"), 400},
+  };
+  for (const auto& [bytes, code] : cases) {
+    CAPTURE(bytes);
+    HttpClient client;
+    auto r = send_raw(client, px.port(), bytes);
+    INFO(describe(r));
+    REQUIRE(r.ok());
+    CHECK(r.code() == code);
+    CHECK(r.response.header("Fencing-Generation") == "3");
+    CHECK(body_json(r).value("resource", "") == "default");
+  }
+  // A path no route takes names no resource, so no generation either.
+  HttpClient client;
+  auto r = send_raw(client, px.port(), head("Content-Length: 0\r\n\r\n", "POST", "//x"));
+  REQUIRE(r.ok());
+  CHECK(r.code() == 400);
+  CHECK_FALSE(r.response.has("Fencing-Generation"));
+}
+
 TEST_CASE("framing: the connection limit holds extra connections off") {
   RecordingUpstream up;
   Proxy px(spec_for(up, {"--max-connections", "4"}));
