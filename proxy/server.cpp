@@ -24,6 +24,7 @@
 #include <netinet/tcp.h>
 #include <sched.h>
 #include <sys/resource.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -1258,18 +1259,40 @@ task<store::Status> Session::audit_sync(store::AuditRow& row) {
 
 enum class TokenState { ok, missing, malformed };
 
-// True iff the request's body is not whole in sc_->in and the client has closed its side (EOF
-// queued behind what was read), so the body can never be completed. Never blocks.
+// True iff the client can never complete this request: it reset the connection, or it closed
+// its side (FIN received: TCP_CLOSE_WAIT) with less of the body sent than the request needs
+// (what sc_->in holds plus what the kernel has queued). A chunked body is decoded from what is
+// held and queued, when that fits kAbandonPeek. Never blocks, never consumes.
 bool Session::body_abandoned(const Framing& fr, std::size_t head_len) {
-  char c;
-  const ssize_t n = ::recv(client_.native_handle(), &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (n != 0) return false;  // more bytes, nothing yet, or an error the body's read will see
+  constexpr std::size_t kAbandonPeek = 256 * 1024;
+  const int fd = client_.native_handle();
+  struct tcp_info ti {};
+  socklen_t len = sizeof ti;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return false;
+  if (ti.tcpi_state == TCP_CLOSE) return true;  // reset: no one to complete it or read an answer
+  if (ti.tcpi_state != TCP_CLOSE_WAIT) return false;  // still connected: it may send the rest
+  int queued = 0;
+  if (::ioctl(fd, FIONREAD, &queued) != 0 || queued < 0) return false;
   readiness::unknown(client_);
-  const std::string_view body = sc_->in.view().substr(head_len);
-  if (!fr.chunked) return fr.content_length && body.size() < *fr.content_length;
+  const std::string_view held = sc_->in.view().substr(head_len);
+  if (!fr.chunked)
+    return fr.content_length && held.size() + static_cast<std::uint64_t>(queued) < *fr.content_length;
+  if (static_cast<std::size_t>(queued) > kAbandonPeek) return false;  // cannot tell cheaply: relayed as usual
+  std::string peeked(static_cast<std::size_t>(queued), '\0');
+  if (queued > 0) {
+    const ssize_t n = ::recv(fd, peeked.data(), peeked.size(), MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0) return false;
+    peeked.resize(static_cast<std::size_t>(n));
+  }
   ChunkDecoder dec;
-  std::string_view rest = body, data;
-  while (!rest.empty() && !dec.done() && !dec.failed()) rest.remove_prefix(dec.feed(rest, &data));
+  for (std::string_view part : {held, std::string_view(peeked)}) {
+    std::string_view data;
+    while (!part.empty() && !dec.done() && !dec.failed()) {
+      const std::size_t used = dec.feed(part, &data);
+      if (used == 0) break;
+      part.remove_prefix(used);
+    }
+  }
   return !dec.done();
 }
 
@@ -1638,8 +1661,8 @@ task<bool> Session::handle(std::size_t head_len) {
           }
         }
         case Verdict::store_error:
-          note(Outcome::store_error, d.current);
           if (enforce) {
+            note(Outcome::store_error, d.current);
             sc_->problem = Problem{503,
                                    "store-unavailable",
                                    "Fence store unavailable",
@@ -1649,7 +1672,11 @@ task<bool> Session::handle(std::size_t head_len) {
                                    d.current};
             co_return co_await refuse(sc_->problem, marks);
           }
-          log::warn("observe mode: could not store generation", {log::kv("resource", m.resource)});
+          // Observe mode forwards it all the same; the fence retries the generation until stored.
+          count(m.resource, Outcome::store_error);
+          log::warn("observe mode: could not store the generation; the write is forwarded and the "
+                    "generation retried until it is stored",
+                    {log::kv("resource", m.resource), log::kv("generation", g), log::kv("stored", d.current)});
           break;
         case Verdict::overloaded: {
           if (!enforce) {

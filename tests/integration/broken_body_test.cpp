@@ -172,8 +172,9 @@ void check_newer_waits(Break how) {
 }
 
 // Newer writes park behind gen1 (in flight at the upstream) and their clients close while they
-// wait: one after part of a Content-Length body, one after part of a chunked body, one (a
-// half-close) after its whole request. When the drain ends, the two cut-off writes are dropped,
+// wait: after part of a Content-Length body, after part of a chunked body, after sending more
+// (not all) of the body while waiting, after half of a body larger than the proxy reads ahead,
+// and (a half-close) after the whole request. When the drain ends, the two cut-off writes are dropped,
 // never sent late and incomplete to the upstream; the whole one is forwarded and answered.
 void check_abandoned_parked_writes() {
   IngestUpstream up;
@@ -190,17 +191,27 @@ void check_abandoned_parked_writes() {
                           "{\"rec\":1}\n"));
   std::this_thread::sleep_for(150ms);  // gen1 is at the upstream, in flight
 
-  HttpClient cut_cl, cut_chunked, whole;
+  HttpClient cut_cl, cut_chunked, cut_more, cut_big, whole;
   REQUIRE(cut_cl.connect(px.port()));
   REQUIRE(cut_chunked.connect(px.port()));
+  REQUIRE(cut_more.connect(px.port()));
+  REQUIRE(cut_big.connect(px.port()));
   REQUIRE(whole.connect(px.port()));
+  REQUIRE(cut_more.send("POST /ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 2\r\nContent-Length: 100\r\n\r\n0123456789"));
+  // More than the proxy reads ahead of a decision: the rest of what was sent waits in the kernel.
+  REQUIRE(cut_big.send("POST /ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 2\r\nContent-Length: 200000\r\n\r\n" +
+                       std::string(100000, 'b')));
   REQUIRE(cut_cl.send("POST /ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 2\r\nContent-Length: 10\r\n\r\nabcd"));
   REQUIRE(cut_chunked.send("POST /ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 2\r\n"
                            "Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n"));
   REQUIRE(whole.send("POST /ingest HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: 2\r\nContent-Length: 4\r\n\r\nabcd"));
-  std::this_thread::sleep_for(200ms);  // all three are parked behind gen1
+  std::this_thread::sleep_for(200ms);  // all are parked behind gen1
+  REQUIRE(cut_more.send(std::string(20, 'm')));  // more of the body while it waits, but not all
+  std::this_thread::sleep_for(50ms);
   cut_cl.close();
   cut_chunked.close();
+  cut_more.close();
+  cut_big.close();
   whole.shutdown_write();
   std::this_thread::sleep_for(200ms);
   old_client.close();  // gen1's body ends: the upstream applies it, then the drain ends
