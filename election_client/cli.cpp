@@ -90,6 +90,7 @@ constexpr const char* kElectUsage =
     "  5. when COMMAND exits: SIGKILL to what is left of its process group, resign, revoke the\n"
     "     lease, exit with COMMAND's status (128+N if killed by signal N).\n"
     "  SIGTERM/SIGINT are passed to the command's process group (SIGHUP/SIGQUIT as SIGTERM;\n"
+    "  under nohup, SIGHUP stays ignored by elect and the command;\n"
     "  SIGKILL after --grace-ms), then elect resigns and exits with the command's status;\n"
     "  SIGUSR1/SIGUSR2 are passed on and change nothing else. If elect itself dies (even by\n"
     "  SIGKILL), the command's whole process group gets SIGKILL (a guardian process watches elect);\n"
@@ -230,12 +231,16 @@ std::string default_id() {
 // ------------------------------------------------------------------------------------------
 // Signals and the child process
 
+// Set once at start, before any thread: elect was started with SIGHUP ignored (`nohup`). Then a
+// hangup is not a stop signal, for elect or its command.
+bool g_hup_ignored = false;
+
 sigset_t handled_signals() {
   sigset_t s;
   sigemptyset(&s);
   sigaddset(&s, SIGTERM);
   sigaddset(&s, SIGINT);
-  sigaddset(&s, SIGHUP);   // a closed terminal or ssh session: stop cleanly (resign), not die
+  if (!g_hup_ignored) sigaddset(&s, SIGHUP);  // a closed terminal or ssh session: stop cleanly (resign), not die
   sigaddset(&s, SIGQUIT);
   sigaddset(&s, SIGUSR1);  // passed on to the command, never fatal to elect
   sigaddset(&s, SIGUSR2);
@@ -385,6 +390,12 @@ void extend_guardian(Guardian& g, Clock::time_point expiry) {
   if (write(g.fd, &ns, sizeof ns) == static_cast<ssize_t>(sizeof ns)) g.sent = ns;
 }
 
+// Sets the moment the guardian kills the command's group, earlier or later than before.
+void set_guardian(Guardian& g, Clock::time_point at) {
+  const std::int64_t ns = steady_ns(at);
+  if (g.fd >= 0 && write(g.fd, &ns, sizeof ns) == static_cast<ssize_t>(sizeof ns)) g.sent = ns;
+}
+
 void release_guardian(Guardian& g) {
   if (g.fd >= 0) {
     [[maybe_unused]] auto n = write(g.fd, &kGuardianDone, sizeof kGuardianDone);
@@ -447,7 +458,8 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
     // background jobs with SIGINT and SIGQUIT ignored) would make the command deaf to them.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
-    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2}) sigaction(sig, &dfl, nullptr);
+    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaction(sig, &dfl, nullptr);
+    if (!g_hup_ignored) sigaction(SIGHUP, &dfl, nullptr);  // under nohup the command ignores hangups too
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -971,6 +983,9 @@ int Elect::run() {
       if (guard.gone()) {
         log::error("leadership lost: the leader key was deleted; stopping the command",
                    {log::kv("key", lk.key), log::kv("token", token), log::kv("pid", pid)});
+        // The lease still lives, but the term is over: the guardian's SIGKILL moves to the end of
+        // the grace (so it holds even if elect stops now), not the lease's expiry.
+        set_guardian(guardian, Clock::now() + milliseconds(f_.grace_ms));
         bool have = false;
         wstatus = stop_command(pid, SIGTERM, &have);
         lost = true;
@@ -1081,6 +1096,11 @@ int run_elect(const std::vector<std::string>& args) {
 
   // The handled signals are taken with sigtimedwait(); block them before any thread exists
   // so every thread inherits the mask.
+  struct sigaction hup {};
+  g_hup_ignored = sigaction(SIGHUP, nullptr, &hup) == 0 && hup.sa_handler == SIG_IGN;
+  // A launcher's ignored SIGCHLD would have the kernel reap the command itself, and its exit
+  // status would be lost (elect would report 0).
+  signal(SIGCHLD, SIG_DFL);
   sigset_t s = handled_signals();
   pthread_sigmask(SIG_BLOCK, &s, nullptr);
   signal(SIGPIPE, SIG_IGN);

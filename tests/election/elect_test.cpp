@@ -185,6 +185,40 @@ TEST_CASE("elect: started with SIGINT ignored, SIGINT still reaches the command,
   CHECK(leader_of(etcd, "billing").code() == 3);
 }
 
+// A launcher's inherited dispositions: an ignored SIGCHLD must not lose the command's status (the
+// kernel would reap it), and an ignored SIGHUP (nohup) means a hangup stops neither elect nor
+// its command.
+TEST_CASE("elect: started with SIGCHLD ignored it reports the command's status; under nohup SIGHUP stops nothing") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-elect");
+  const std::string flags = " elect --etcd " + etcd.url() + " --election billing --ttl 30 -- ";
+  {
+    Process p = Process::start({"/bin/sh", "-c", "trap '' CHLD; exec " + std::string(kFencegate) + flags + "sh -c 'exit 3'"},
+                               ProcessOptions{dir.file("chld.log"), {}, {}});
+    INFO(read_file(dir.file("chld.log")));
+    auto st = p.wait_for(15s);
+    REQUIRE(st.has_value());
+    CHECK(st->exited);
+    CHECK(st->code == 3);
+  }
+  const std::string started = dir.file("hup-started");
+  Process p = Process::start({"/bin/sh", "-c", "trap '' HUP; exec " + std::string(kFencegate) + flags +
+                                                   "sh -c 'touch " + started + "; while :; do sleep 0.05; done'"},
+                             ProcessOptions{dir.file("hup.log"), {}, {}});
+  INFO(read_file(dir.file("hup.log")));
+  REQUIRE(eventually([&] { return std::filesystem::exists(started); }, 10s));
+  p.kill(SIGHUP);
+  std::this_thread::sleep_for(500ms);
+  CHECK(p.running());
+  CHECK(leader_of(etcd, "billing").code() == 0);
+  p.kill(SIGTERM);
+  auto st = p.wait_for(10s);
+  REQUIRE(st.has_value());
+  CHECK(st->code == 128 + SIGTERM);
+}
+
 TEST_CASE("elect: the command starts only after every fence answered 200 (activation barrier)") {
   FG_REQUIRE_ETCD();
   EtcdServer etcd;
