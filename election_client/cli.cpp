@@ -377,23 +377,24 @@ Guardian start_guardian(pid_t group, Clock::time_point expiry) {
     _exit(0);
   }
   close(life[0]);
+  fcntl(life[1], F_SETFL, fcntl(life[1], F_GETFL) | O_NONBLOCK);
   g.pid = pid;
   g.fd = life[1];
   g.sent = first;
   return g;
 }
 
-// Tells the guardian the lease's new earliest expiry (after a renewal).
-void extend_guardian(Guardian& g, Clock::time_point expiry) {
-  const std::int64_t ns = steady_ns(expiry);
-  if (g.fd < 0 || ns <= g.sent) return;
-  if (write(g.fd, &ns, sizeof ns) == static_cast<ssize_t>(sizeof ns)) g.sent = ns;
-}
-
-// Sets the moment the guardian kills the command's group, earlier or later than before.
+// Sets the moment the guardian kills the command's group, earlier or later than before. The
+// write end is non-blocking: a guardian that does not read (stopped) never holds elect up; the
+// next call sends the moment again.
 void set_guardian(Guardian& g, Clock::time_point at) {
   const std::int64_t ns = steady_ns(at);
   if (g.fd >= 0 && write(g.fd, &ns, sizeof ns) == static_cast<ssize_t>(sizeof ns)) g.sent = ns;
+}
+
+// Tells the guardian the lease's new earliest expiry (after a renewal).
+void extend_guardian(Guardian& g, Clock::time_point expiry) {
+  if (steady_ns(expiry) > g.sent) set_guardian(g, expiry);
 }
 
 void release_guardian(Guardian& g) {

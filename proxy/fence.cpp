@@ -38,7 +38,7 @@ struct FenceResource {
   std::chrono::steady_clock::time_point drain_started;  // valid while draining
   bool draining = false;
   // Observe mode: the highest generation forwarded while its advance failed to commit (0: none
-  // owed). Retried about every second until it is stored (retry_observed()), so a later switch
+  // owed). Retried about every second until it is stored (retry_owed()), so a later switch
   // to enforce, or a restart, starts from it.
   std::int64_t owed = 0;
   std::string owed_leader;
