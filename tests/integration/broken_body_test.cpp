@@ -174,7 +174,7 @@ void check_newer_waits(Break how) {
 // Newer writes park behind gen1 (in flight at the upstream) and their clients close while they
 // wait: after part of a Content-Length body, after part of a chunked body, after sending more
 // (not all) of the body while waiting, after half of a body larger than the proxy reads ahead,
-// and (a half-close) after the whole request. When the drain ends, the two cut-off writes are dropped,
+// and (a half-close) after the whole request. When the drain ends, the four cut-off writes are dropped,
 // never sent late and incomplete to the upstream; the whole one is forwarded and answered.
 void check_abandoned_parked_writes() {
   IngestUpstream up;
