@@ -19,7 +19,7 @@
 //       With SYNC_DIR, halfway between two advances (never overlapping one) it also times a raw
 //       4 KiB overwrite + sync of a preallocated file in SYNC_DIR, alternately fdatasync(2) and
 //       fsync(2): the raw reference sampled in the same window, on the same disk and CPU.
-//       Prints "n=.. ok=.. bad=.. advance_p50_us=.. advance_p99_us=.. fdatasync_p99_us=.. ...".
+//       Prints "n=.. ok=.. bad=.. advance_p50_us=.. advance_p99_us=.. advance_mean_us=.. fdatasync_p99_us=.. ...".
 //   benchtool idle PORT N TOKEN
 //       Opens N connections, sends one fenced POST (16-byte body) on each, reads each response,
 //       and keeps them all open. Prints "READY opened=.. ok=.. failed=.." then waits until
@@ -414,8 +414,11 @@ static int cmd_fsync(const char* dir, int count, int interval_ms) {
 
 static void print_stats(const char* name, int64_t* v, size_t n) {
   qsort(v, n, sizeof *v, cmp_i64);
-  printf(" %s_n=%zu %s_p50_us=%lld %s_p99_us=%lld %s_max_us=%lld", name, n, name, (long long)pct(v, n, 50) / 1000,
-         name, (long long)pct(v, n, 99) / 1000, name, (long long)(n ? v[n - 1] : 0) / 1000);
+  long long sum = 0;
+  for (size_t i = 0; i < n; i++) sum += v[i];
+  printf(" %s_n=%zu %s_p50_us=%lld %s_p99_us=%lld %s_max_us=%lld %s_mean_us=%lld", name, n, name,
+         (long long)pct(v, n, 50) / 1000, name, (long long)pct(v, n, 99) / 1000, name,
+         (long long)(n ? v[n - 1] : 0) / 1000, name, n ? sum / (long long)n / 1000 : 0LL);
 }
 
 static int cmd_advance(int port, const char* path, long long first, int interval_ms, int seconds,
