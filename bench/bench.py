@@ -314,6 +314,15 @@ class Bench:
         self.lua = os.path.join(self.tmp, "post.lua")
         with open(self.lua, "w") as f:
             f.write(WRK_LUA % {"body": self.body, "token": TOKEN})
+        # perf counts each target's system calls per request (a tracepoint: works on VMs whose
+        # hardware counters are "not supported"). Optional: without it those columns say "-".
+        self.perf_ok = False
+        if shutil.which("perf"):
+            t = subprocess.run(["perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "--", "true"],
+                               capture_output=True, text=True)
+            self.perf_ok = t.returncode == 0 and "raw_syscalls:sys_enter" in t.stderr and "not supported" not in t.stderr
+        if not self.perf_ok:
+            log("perf cannot count raw_syscalls:sys_enter here: no system calls per request in the report")
         self.up_port = free_port()
         up = self.procs.start("upstream", [self.tool, "upstream", str(self.up_port)], cpu=self.load_cpu)
         wait_port(self.up_port, up, "upstream")
@@ -404,14 +413,23 @@ backend be
 
     # ------------------------------------------------------------------ wrk
 
-    def wrk(self, port, seconds, path="/bench", name="wrk", pids_fn=None):
-        """One wrk run; with pids_fn also the CPU those processes used, in % of one core."""
+    def wrk(self, port, seconds, path="/bench", name="wrk", pids_fn=None, count_pids=None):
+        """One wrk run; with pids_fn also the CPU those processes used, in % of one core. With
+        count_pids (and perf usable), also the system calls and context switches of those
+        processes during the run, counted by perf (kv "syscalls", "ctx_switches")."""
         t0 = cpu_ticks(pids_fn()) if pids_fn else 0
         c0 = core_jiffies(self.load_cpu) if self.pin else (0, 0)
         w0 = time.time()
         argv = ["wrk", "-t1", f"-c{self.conns}", f"-d{seconds}s", "--latency", "-s", self.lua,
                 f"http://127.0.0.1:{port}{path}"]
         pre = (lambda: os.sched_setaffinity(0, {self.load_cpu})) if self.pin else None
+        counter = None
+        if count_pids and self.perf_ok:
+            # Counting mode (no sampling), on the load core: it costs the proxy a few ns per
+            # system call, and only runs during the unrecorded warm-up.
+            counter = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter,context-switches",
+                                        "-p", ",".join(str(x) for x in count_pids), "--", "sleep", str(seconds)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=pre)
         r = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, preexec_fn=pre)
         with open(os.path.join(self.tmp, f"{name}.log"), "a") as f:
             f.write(r.stdout + r.stderr)
@@ -425,6 +443,15 @@ backend be
             c1 = core_jiffies(self.load_cpu)
             kv["load_core_pct"] = 100.0 * (c1[0] - c0[0]) / max(1, c1[1] - c0[1])
         kv["rps"] = kv["requests"] / (kv["duration_us"] / 1e6)
+        if counter:
+            err = counter.communicate(timeout=seconds + 30)[1]
+            for line in err.splitlines():
+                f = line.split(",")
+                if len(f) > 2 and f[0].strip().isdigit():
+                    if f[2].startswith("raw_syscalls:sys_enter"):
+                        kv["syscalls"] = int(f[0])
+                    elif f[2].startswith("context-switches"):
+                        kv["ctx_switches"] = int(f[0])
         if pids_fn:
             kv["cpu_pct"] = 100.0 * (cpu_ticks(pids_fn()) - t0) / os.sysconf("SC_CLK_TCK") / (time.time() - w0)
         return kv
@@ -479,8 +506,13 @@ backend be
                     live[name] = self.launch(name, rep + 1)
                 port, proc, pids_fn = live[name]
                 log(f"warm-up {name} ({self.warmup}s)")
-                self.wrk(port, self.warmup, name=f"warmup-{name}")
+                w = self.wrk(port, self.warmup, name=f"warmup-{name}", count_pids=pids_fn())
                 kv = self.wrk(port, self.duration, name=f"wrk-{name}", pids_fn=pids_fn)
+                if "syscalls" in w and w["requests"] > 0:
+                    # Counted over the warm-up (its requests), not the measured run: deterministic
+                    # per request, where CPU time is not, and it says where a CPU difference comes from.
+                    kv["syscalls_per_req"] = w["syscalls"] / w["requests"]
+                    kv["ctx_per_req"] = w.get("ctx_switches", 0) / w["requests"]
                 runs[name].append(kv)
                 log(f"rep {rep + 1}/{self.reps} {name:18} {kv['rps']:9.0f} req/s  cpu {kv['cpu_pct']:4.0f}%"
                     f"  load core {kv.get('load_core_pct', 0):4.0f}%"
@@ -507,6 +539,10 @@ backend be
                 # any proxy reach.
                 "load_us_per_req": statistics.median(r.get("load_core_pct", 0) / 100 / r["rps"] * 1e6 for r in rs),
                 "runs": [round(r["rps"]) for r in rs],
+                "syscalls_per_req": statistics.median(r["syscalls_per_req"] for r in rs)
+                                    if all("syscalls_per_req" in r for r in rs) else None,
+                "ctx_per_req": statistics.median(r["ctx_per_req"] for r in rs)
+                               if all("ctx_per_req" in r for r in rs) else None,
             }
         t = self.res["throughput"]
         proxies = [n for n in t if n != "direct"]
@@ -720,17 +756,23 @@ backend be
             L.append(f"### Throughput: `wrk -t1 -c{self.conns} -d{self.duration}s`, {self.body}-byte POST, "
                      f"median of {self.reps}\n")
             L.append("| target | req/s | p50 ms | p99 ms | p99.9 ms | CPU of its core | CPU µs per request | load core busy "
-                     "| load core µs per request | errors | req/s per run |")
-            L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+                     "| load core µs per request | syscalls per request | context switches per request "
+                     "| errors | req/s per run |")
+            L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+            fmt = lambda x, d: "-" if x is None else f"{x:.{d}f}"
             for name, v in t.items():
                 L.append(f"| {name} | {v['rps']:.0f} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['p999_ms']:.2f} | "
                          f"{v['cpu_pct']:.0f}% | {v['cpu_us_per_req']:.1f} | "
                          + (f"{v['load_core_pct']:.0f}% | {v.get('load_us_per_req', 0):.1f}" if self.pin else "- | -")
+                         + f" | {fmt(v.get('syscalls_per_req'), 2)} | {fmt(v.get('ctx_per_req'), 3)}"
                          + f" | {v['errors']:.0f} | {', '.join(str(x) for x in v['runs'])} |")
             L.append("\n(CPU: the target's processes' user+system time during the run (/proc/PID/stat), in % of one "
                      "core and per request; for `direct` it is the upstream's, which shares its core with wrk. Load core busy: "
                      "how busy the core of wrk and the upstream was (/proc/stat); load core µs per request: that busy "
-                     "time per request of the target.)\n")
+                     "time per request of the target. System calls and context switches per request: the target's "
+                     "processes' (all threads; nginx master + worker; for `direct` the upstream's), counted by perf "
+                     "(raw_syscalls:sys_enter, context-switches) over each repetition's warm-up run and divided by its "
+                     "requests; unlike CPU time they barely move between runs.)\n")
             L.append("")
             if {"nginx", "haproxy"} <= t.keys():
                 L.append("| fencegate mode | / nginx req/s | / HAProxy req/s | p99 / HAProxy p99 "

@@ -7,7 +7,7 @@
 #   bench/run.sh --parts throughput --note "after X"      # one part, labelled
 #   BENCH_FENCEGATE=/path/to/fencegate bench/run.sh       # bench another binary
 #
-# Installs nginx-light, haproxy and wrk from Debian if missing (apt-get only then), builds
+# Installs nginx-light, haproxy, wrk and linux-perf from Debian if missing (apt-get only then), builds
 # build/fencegate (RelWithDebInfo, cmake + ninja) if it is missing, and benches a copy of it.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -19,6 +19,7 @@ command -v haproxy >/dev/null || need+=(haproxy)
 command -v wrk >/dev/null || need+=(wrk)
 command -v python3 >/dev/null || need+=(python3)
 command -v cc >/dev/null || need+=(gcc libc6-dev)
+command -v perf >/dev/null || need+=(linux-perf)  # system calls per request (optional: the run goes on without)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
