@@ -14,6 +14,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <unistd.h>  // environ
 
 #include <nlohmann/json.hpp>
 
@@ -1005,8 +1006,72 @@ LoadResult load_json(std::string_view json_text, std::string_view source) {
   return finish(std::move(c), std::move(errors));
 }
 
+namespace {
+
+// Every FENCEGATE_* variable `fencegate serve` reads, from its flags ("--admin-listen" ->
+// FENCEGATE_ADMIN_LISTEN).
+std::set<std::string> serve_env_names() {
+  std::set<std::string> out = {"FENCEGATE_CONFIG", "FENCEGATE_UPSTREAM", "FENCEGATE_RESOURCE", "FENCEGATE_MODE",
+                               "FENCEGATE_AUTHORITY_ETCD", "FENCEGATE_AUTHORITY_ELECTION",
+                               "FENCEGATE_AUTHORITY_GRACE_MS"};
+  for (const NumField& f : kNumFields) out.insert(env_of(f.key));
+  for (const StrField& f : kStrFields) out.insert(env_of(f.key));
+  for (const SectionField& f : kSectionFields) out.insert(env_of(f.key));
+  return out;
+}
+
+// Levenshtein distance, giving up (returning limit + 1) once it must exceed `limit`.
+std::size_t edit_distance(std::string_view a, std::string_view b, std::size_t limit) {
+  if ((a.size() > b.size() ? a.size() - b.size() : b.size() - a.size()) > limit) return limit + 1;
+  std::vector<std::size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    std::size_t row_min = cur[0];
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      row_min = std::min(row_min, cur[j]);
+    }
+    if (row_min > limit) return limit + 1;
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+}  // namespace
+
+std::vector<std::string> unknown_env_warnings(const std::vector<std::string>& present) {
+  static const std::set<std::string> known = serve_env_names();
+  std::vector<std::string> out;
+  for (const std::string& name : present) {
+    if (name.rfind("FENCEGATE_", 0) != 0 || known.count(name)) continue;
+    std::string w = name + ": unknown environment variable, ignored";
+    std::string best;
+    std::size_t best_d = 3;
+    for (const std::string& k : known) {
+      const std::size_t d = edit_distance(name, k, 2);
+      if (d < best_d) {
+        best_d = d;
+        best = k;
+      }
+    }
+    if (!best.empty()) w += " (did you mean " + best + "?)";
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
 LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
-  if (env == nullptr) env = process_env;
+  std::vector<std::string> warnings;
+  if (env == nullptr) {
+    env = process_env;
+    std::vector<std::string> present;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      std::string_view kv(*e);
+      if (kv.rfind("FENCEGATE_", 0) == 0) present.emplace_back(kv.substr(0, kv.find('=')));
+    }
+    warnings = unknown_env_warnings(present);
+  }
   std::vector<std::string> errors;
 
   // 1. Flags, by canonical name ("--threads" -> "10"); the last occurrence wins.
@@ -1225,7 +1290,9 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
       }
     }
   }
-  return finish(std::move(c), std::move(errors));
+  LoadResult r = finish(std::move(c), std::move(errors));
+  r.warnings = std::move(warnings);
+  return r;
 }
 
 std::string serve_usage() {

@@ -115,6 +115,10 @@ struct LoadResult {
   std::optional<Config> config;
   std::vector<std::string> errors;  // e.g. "routes[0].mode: must be one of enforce, observe, off (got \"enforse\")"
   bool help = false;                // --help was given: print serve_usage() and exit 0
+  // Not errors: e.g. "FENCEGATE_MODEE: unknown environment variable, ignored (did you mean
+  // FENCEGATE_MODE?)". The caller logs them; a typo in a variable's name would otherwise leave a
+  // setting at its default without a word.
+  std::vector<std::string> warnings;
 };
 
 // Parses `fencegate serve` arguments (argv after the subcommand), the environment (FENCEGATE_*)
@@ -122,6 +126,11 @@ struct LoadResult {
 // can inject an environment; nullptr means the process environment.
 using EnvLookup = const char* (*)(const char*);
 LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env = nullptr);
+
+// Warnings for the FENCEGATE_* names in `present` (variable names, without values) that no setting
+// reads: each says it is ignored and, if a known name is one or two edits away, suggests it.
+// load_serve calls it with the process environment's names when it reads the real environment.
+std::vector<std::string> unknown_env_warnings(const std::vector<std::string>& present);
 
 // Parses and validates a JSON document (the config file's contents). `source` names it in errors.
 LoadResult load_json(std::string_view json_text, std::string_view source = "config");

@@ -8,6 +8,7 @@
 #include "config/config.h"
 #include "election_client/cli.h"
 #include "proxy/audit_cli.h"
+#include "proxy/log.h"
 #include "proxy/server.h"
 
 namespace fencegate::proxy {
@@ -72,6 +73,9 @@ int run_cli(int argc, char** argv) {
       std::fprintf(stderr, "Run `fencegate serve --help` for the flags.\n");
       return 2;
     }
+    log::Level lvl;
+    if (log::parse_level(r.config->log_level, &lvl)) log::set_level(lvl);
+    for (const auto& w : r.warnings) log::warn("environment variable ignored", {log::kv("detail", w)});
     return run_serve(std::make_shared<const config::Config>(std::move(*r.config)));
   }
   std::fprintf(stderr, "fencegate: unknown command \"%s\"\n\n%s", cmd.c_str(), kUsage);

@@ -1050,3 +1050,34 @@ TEST_CASE("a number JSON cannot represent is a config error, not a crash (found 
   REQUIRE_FALSE(r.errors.empty());
   CHECK(r.errors[0].find("in routes[0].write_methods[1]:") != std::string::npos);
 }
+
+TEST_CASE("an unknown FENCEGATE_* environment variable is a warning that suggests the near name") {
+  auto w = unknown_env_warnings({"FENCEGATE_MODEE", "FENCEGATE_MODE", "FENCEGATE_ADMIN_LISTEN", "FENCEGATE_TRHEADS",
+                                 "FENCEGATE_NOTHING_LIKE_IT", "PATH", "FENCING_TOKEN"});
+  REQUIRE(w.size() == 3);
+  CHECK(w[0] == "FENCEGATE_MODEE: unknown environment variable, ignored (did you mean FENCEGATE_MODE?)");
+  CHECK(w[1] == "FENCEGATE_TRHEADS: unknown environment variable, ignored (did you mean FENCEGATE_THREADS?)");
+  CHECK(w[2] == "FENCEGATE_NOTHING_LIKE_IT: unknown environment variable, ignored");
+  // Every variable the help lists is known: none of them warns.
+  std::vector<std::string> listed;
+  const std::string usage = serve_usage();
+  for (std::size_t at = usage.find("env FENCEGATE_"); at != std::string::npos;
+       at = usage.find("env FENCEGATE_", at + 1)) {
+    const std::size_t b = at + 4, e = usage.find_first_of(" \n", b);
+    listed.push_back(usage.substr(b, e - b));
+  }
+  CHECK(listed.size() > 20);
+  CHECK(unknown_env_warnings(listed).empty());
+}
+
+TEST_CASE("load_serve reads the process environment's FENCEGATE_* names for warnings; injected ones do not") {
+  ::setenv("FENCEGATE_LOG_LEVLE", "debug", 1);
+  LoadResult real = load_serve({"--upstream", "http://127.0.0.1:9"});
+  ::unsetenv("FENCEGATE_LOG_LEVLE");
+  REQUIRE(real.config);
+  // (The test's own environment may hold other FENCEGATE_* names, e.g. FENCEGATE_TEST_JOBS.)
+  CHECK(std::count(real.warnings.begin(), real.warnings.end(),
+                   "FENCEGATE_LOG_LEVLE: unknown environment variable, ignored (did you mean FENCEGATE_LOG_LEVEL?)") == 1);
+  LoadResult injected = load_serve({"--upstream", "http://127.0.0.1:9"}, [](const char*) -> const char* { return nullptr; });
+  CHECK(injected.warnings.empty());
+}
