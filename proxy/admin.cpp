@@ -826,8 +826,12 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
     stale.extra_headers = "Fencing-Generation: " + std::to_string(d.newest) + "\r\n";
     co_return stale;
   }
-  if (d.verdict == Verdict::overloaded)
+  if (d.verdict == Verdict::overloaded) {
+    rt.metrics.count(resource, Outcome::too_many_resources);
+    log::warn("rejected fence: the fence holds max_resources resources",
+              {log::kv("resource", resource), log::kv("max_resources", cfg.max_resources)});
     co_return problem(503, "too-many-resources", "Too many resources", "the fence holds its maximum number of resources");
+  }
   co_return problem(503, "store-unavailable", "Fence store unavailable",
                     "the new generation could not be made durable",
                     {{"resource", resource}, {"presented_generation", g}, {"current_generation", d.current}});

@@ -21,6 +21,7 @@ std::string_view to_string(Outcome o) {
     case Outcome::would_reject_not_leader: return "would_reject_not_leader";
     case Outcome::would_reject_unknown_generation: return "would_reject_unknown_generation";
     case Outcome::authority_unavailable: return "authority_unavailable";
+    case Outcome::too_many_resources: return "too_many_resources";
     case Outcome::kCount: break;
   }
   return "unknown";

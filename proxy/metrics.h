@@ -36,6 +36,9 @@ enum class Outcome : int {
   would_reject_not_leader,
   would_reject_unknown_generation,
   authority_unavailable,        // 503: etcd unreachable for longer than the leader's lease TTL (or grace)
+  // A resource the fence could not take on: it holds max_resources already. Enforce: 503
+  // too-many-resources; observe: forwarded untracked (and counted as forwarded too).
+  too_many_resources,
   kCount
 };
 std::string_view to_string(Outcome o);

@@ -1679,15 +1679,22 @@ task<bool> Session::handle(std::size_t head_len) {
                     {log::kv("resource", m.resource), log::kv("generation", g), log::kv("stored", d.current)});
           break;
         case Verdict::overloaded: {
+          // Counted under the resource's label (Metrics caps the label set: a flood of new names
+          // lands in "_other") and logged, the first time and then once per 1000.
+          count(m.resource, Outcome::too_many_resources);
+          static std::atomic<std::uint64_t> over_cap{0};
+          const bool log_it = over_cap.fetch_add(1, std::memory_order_relaxed) % 1000 == 0;
           if (!enforce) {
             // Observe rejects nothing: the write goes on, but its generation is not tracked.
-            static std::atomic<std::uint64_t> untracked{0};
-            if (untracked.fetch_add(1, std::memory_order_relaxed) % 1000 == 0)
+            if (log_it)
               log::warn("observe mode: the fence holds max_resources resources; forwarding without tracking "
                         "(logged once per 1000)",
                         {log::kv("resource", m.resource), log::kv("max_resources", cfg.max_resources)});
             break;
           }
+          if (log_it)
+            log::warn("rejected write: the fence holds max_resources resources (503; logged once per 1000)",
+                      {log::kv("resource", m.resource), log::kv("max_resources", cfg.max_resources)});
           sc_->problem = Problem{503,
                                  "too-many-resources",
                                  "Too many resources",

@@ -382,6 +382,17 @@ TEST_CASE("reload: drain_timeout_ms and max_resources take effect in the fence")
   REQUIRE(is_2xx(request(px.port(), "POST", "/b/x", token(5))));
   REQUIRE(is_2xx(request(px.port(), "POST", "/c/x", token(5))));
   check_problem(request(px.port(), "POST", "/a/x", token(5)), 503, "a");  // a third resource
+  // An operator sees the cap: counted under its own decision, logged at warn; the fence barrier
+  // to a new resource is refused and counted the same way.
+  REQUIRE(request(admin, "POST", "/v1/resources/a/fence", token(5)).code() == 503);
+  {
+    auto ss = parse_prometheus(metrics_text(admin));
+    CHECK(sample(ss, "fencegate_requests_total", {{"resource", "a"}, {"decision", "too_many_resources"}}) ==
+          std::optional<double>(2));
+    CHECK(sample(ss, "fencegate_requests_total", {{"resource", "b"}, {"decision", "too_many_resources"}}).value_or(0) ==
+          0);
+    CHECK(px.log().find("the fence holds max_resources resources") != std::string::npos);
+  }
 
   json c = read_config(px);
   c["max_resources"] = 10;
