@@ -545,6 +545,15 @@ backend be
                                if all("ctx_per_req" in r for r in rs) else None,
             }
         t = self.res["throughput"]
+        # Paired ratios: within one repetition the targets run minutes apart at most, so a slow
+        # phase of the shared host hits both sides of a ratio; the median of those per-repetition
+        # ratios is reported next to the ratio of the medians (which the targets use).
+        if {"nginx", "haproxy"} <= runs.keys():
+            for name in [n for n in names if n.startswith("fencegate")]:
+                t[name]["paired"] = {
+                    other: statistics.median(a["rps"] / b["rps"] for a, b in zip(runs[name], runs[other]))
+                    for other in ("nginx", "haproxy")
+                }
         proxies = [n for n in t if n != "direct"]
         # Each proxy gets one core of its own. It set the rate only if that core was saturated:
         # a proxy with idle time left was waiting on the load side, and comparing such rates
@@ -786,6 +795,13 @@ backend be
                                  f" | {t['nginx']['cpu_us_per_req'] / v['cpu_us_per_req']:.2f}x"
                                  f" | {t['haproxy']['cpu_us_per_req'] / v['cpu_us_per_req']:.2f}x |")
                 L.append("")
+                paired = [(m, t[f"fencegate-{m}"]["paired"]) for m in ("enforce", "observe", "off")
+                          if "paired" in t.get(f"fencegate-{m}", {})]
+                if paired:
+                    L.append(f"Paired, the median over the {self.reps} repetitions of the req/s ratio within each "
+                             "repetition (a slow phase of the host hits both sides of each ratio): "
+                             + "; ".join(f"{m} {p['nginx']:.2f}x nginx, {p['haproxy']:.2f}x HAProxy" for m, p in paired)
+                             + ".\n")
                 if self.res.get("load_side_saturated"):
                     L.append("The load side's core (wrk + upstream) was saturated too (load core busy >= 95%), so "
                              "both sides limited the rate. That compresses the req/s ratios toward 1: a faster "
