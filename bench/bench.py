@@ -430,6 +430,14 @@ backend be
             counter = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter,context-switches",
                                         "-p", ",".join(str(x) for x in count_pids), "--", "sleep", str(seconds)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=pre)
+        load_counter = None
+        if count_pids and self.perf_ok and self.pin:
+            # Context switches on the load core (wrk + upstream): each is mostly a wake-up of a
+            # process the proxy's last send found asleep, which both cores pay for.
+            load_counter = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "context-switches",
+                                             "-C", str(self.load_cpu), "--", "sleep", str(seconds)],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                            preexec_fn=pre)
         r = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, preexec_fn=pre)
         with open(os.path.join(self.tmp, f"{name}.log"), "a") as f:
             f.write(r.stdout + r.stderr)
@@ -452,6 +460,11 @@ backend be
                         kv["syscalls"] = int(f[0])
                     elif f[2].startswith("context-switches"):
                         kv["ctx_switches"] = int(f[0])
+        if load_counter:
+            for line in load_counter.communicate(timeout=seconds + 30)[1].splitlines():
+                f = line.split(",")
+                if len(f) > 2 and f[0].strip().isdigit() and f[2].startswith("context-switches"):
+                    kv["load_ctx_switches"] = int(f[0])
         if pids_fn:
             kv["cpu_pct"] = 100.0 * (cpu_ticks(pids_fn()) - t0) / os.sysconf("SC_CLK_TCK") / (time.time() - w0)
         return kv
@@ -513,6 +526,8 @@ backend be
                     # per request, where CPU time is not, and it says where a CPU difference comes from.
                     kv["syscalls_per_req"] = w["syscalls"] / w["requests"]
                     kv["ctx_per_req"] = w.get("ctx_switches", 0) / w["requests"]
+                    if "load_ctx_switches" in w:
+                        kv["load_ctx_per_req"] = w["load_ctx_switches"] / w["requests"]
                 runs[name].append(kv)
                 log(f"rep {rep + 1}/{self.reps} {name:18} {kv['rps']:9.0f} req/s  cpu {kv['cpu_pct']:4.0f}%"
                     f"  load core {kv.get('load_core_pct', 0):4.0f}%"
@@ -543,6 +558,8 @@ backend be
                                     if all("syscalls_per_req" in r for r in rs) else None,
                 "ctx_per_req": statistics.median(r["ctx_per_req"] for r in rs)
                                if all("ctx_per_req" in r for r in rs) else None,
+                "load_ctx_per_req": statistics.median(r["load_ctx_per_req"] for r in rs)
+                                    if all("load_ctx_per_req" in r for r in rs) else None,
             }
         t = self.res["throughput"]
         # Paired ratios: within one repetition the targets run minutes apart at most, so a slow
@@ -766,14 +783,15 @@ backend be
                      f"median of {self.reps}\n")
             L.append("| target | req/s | p50 ms | p99 ms | p99.9 ms | CPU of its core | CPU µs per request | load core busy "
                      "| load core µs per request | syscalls per request | context switches per request "
-                     "| errors | req/s per run |")
-            L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+                     "| load core context switches per request | errors | req/s per run |")
+            L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
             fmt = lambda x, d: "-" if x is None else f"{x:.{d}f}"
             for name, v in t.items():
                 L.append(f"| {name} | {v['rps']:.0f} | {v['p50_ms']:.2f} | {v['p99_ms']:.2f} | {v['p999_ms']:.2f} | "
                          f"{v['cpu_pct']:.0f}% | {v['cpu_us_per_req']:.1f} | "
                          + (f"{v['load_core_pct']:.0f}% | {v.get('load_us_per_req', 0):.1f}" if self.pin else "- | -")
                          + f" | {fmt(v.get('syscalls_per_req'), 2)} | {fmt(v.get('ctx_per_req'), 3)}"
+                         + f" | {fmt(v.get('load_ctx_per_req'), 3)}"
                          + f" | {v['errors']:.0f} | {', '.join(str(x) for x in v['runs'])} |")
             L.append("\n(CPU: the target's processes' user+system time during the run (/proc/PID/stat), in % of one "
                      "core and per request; for `direct` it is the upstream's, which shares its core with wrk. Load core busy: "
@@ -781,7 +799,9 @@ backend be
                      "time per request of the target. System calls and context switches per request: the target's "
                      "processes' (all threads; nginx master + worker; for `direct` the upstream's), counted by perf "
                      "(raw_syscalls:sys_enter, context-switches) over each repetition's warm-up run and divided by its "
-                     "requests; unlike CPU time they barely move between runs.)\n")
+                     "requests; unlike CPU time they barely move between runs. Load core context switches per "
+                     "request: all context switches on the core of wrk and the upstream over the same warm-up "
+                     "(perf -C), per request: how often the target's sends found them asleep.)\n")
             L.append("")
             if {"nginx", "haproxy"} <= t.keys():
                 L.append("| fencegate mode | / nginx req/s | / HAProxy req/s | p99 / HAProxy p99 "
