@@ -1008,15 +1008,25 @@ LoadResult load_json(std::string_view json_text, std::string_view source) {
 
 namespace {
 
-// Every FENCEGATE_* variable `fencegate serve` reads, from its flags ("--admin-listen" ->
-// FENCEGATE_ADMIN_LISTEN).
+// Every flag `fencegate serve` takes, by canonical name ("--threads").
+std::set<std::string> serve_flags() {
+  std::set<std::string> known = {"--config", "--upstream", "--resource", "--mode", "--authority-etcd",
+                                 "--authority-election", "--authority-grace-ms"};
+  for (const NumField& f : kNumFields) known.insert(flag_of(f.key));
+  for (const StrField& f : kStrFields) known.insert(flag_of(f.key));
+  for (const SectionField& f : kSectionFields) known.insert(flag_of(f.key));
+  return known;
+}
+
+// Every FENCEGATE_* variable `fencegate serve` reads: one per flag ("--admin-listen" ->
+// FENCEGATE_ADMIN_LISTEN, as env_of spells a key's).
 std::set<std::string> serve_env_names() {
-  std::set<std::string> out = {"FENCEGATE_CONFIG", "FENCEGATE_UPSTREAM", "FENCEGATE_RESOURCE", "FENCEGATE_MODE",
-                               "FENCEGATE_AUTHORITY_ETCD", "FENCEGATE_AUTHORITY_ELECTION",
-                               "FENCEGATE_AUTHORITY_GRACE_MS"};
-  for (const NumField& f : kNumFields) out.insert(env_of(f.key));
-  for (const StrField& f : kStrFields) out.insert(env_of(f.key));
-  for (const SectionField& f : kSectionFields) out.insert(env_of(f.key));
+  std::set<std::string> out;
+  for (const std::string& flag : serve_flags()) {
+    std::string key = flag.substr(2);
+    std::replace(key.begin(), key.end(), '-', '_');
+    out.insert(env_of(key));
+  }
   return out;
 }
 
@@ -1075,11 +1085,7 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
   std::vector<std::string> errors;
 
   // 1. Flags, by canonical name ("--threads" -> "10"); the last occurrence wins.
-  std::set<std::string> known = {"--config", "--upstream", "--resource", "--mode", "--authority-etcd",
-                                 "--authority-election", "--authority-grace-ms"};
-  for (const NumField& f : kNumFields) known.insert(flag_of(f.key));
-  for (const StrField& f : kStrFields) known.insert(flag_of(f.key));
-  for (const SectionField& f : kSectionFields) known.insert(flag_of(f.key));
+  const std::set<std::string> known = serve_flags();
   std::map<std::string, std::string> flags;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
