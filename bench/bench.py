@@ -423,21 +423,19 @@ backend be
         argv = ["wrk", "-t1", f"-c{self.conns}", f"-d{seconds}s", "--latency", "-s", self.lua,
                 f"http://127.0.0.1:{port}{path}"]
         pre = (lambda: os.sched_setaffinity(0, {self.load_cpu})) if self.pin else None
-        counter = None
+        def perf_stat(events, target):
+            # Counting mode (no sampling), run on the load core: it costs the counted processes a
+            # few ns per event, and only runs during the unrecorded warm-up.
+            return subprocess.Popen(["perf", "stat", "-x", ",", "-e", events, *target, "--", "sleep", str(seconds)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=pre)
+        counters = {}
         if count_pids and self.perf_ok:
-            # Counting mode (no sampling), on the load core: it costs the proxy a few ns per
-            # system call, and only runs during the unrecorded warm-up.
-            counter = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter,context-switches",
-                                        "-p", ",".join(str(x) for x in count_pids), "--", "sleep", str(seconds)],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=pre)
-        load_counter = None
-        if count_pids and self.perf_ok and self.pin:
-            # Context switches on the load core (wrk + upstream): each is mostly a wake-up of a
-            # process the proxy's last send found asleep, which both cores pay for.
-            load_counter = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "context-switches",
-                                             "-C", str(self.load_cpu), "--", "sleep", str(seconds)],
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                            preexec_fn=pre)
+            counters[""] = perf_stat("raw_syscalls:sys_enter,context-switches",
+                                     ["-p", ",".join(str(x) for x in count_pids)])
+            if self.pin:
+                # Context switches on the load core (wrk + upstream): each is mostly a wake-up of
+                # a process the proxy's last send found asleep, which both cores pay for.
+                counters["load_"] = perf_stat("context-switches", ["-C", str(self.load_cpu)])
         r = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, preexec_fn=pre)
         with open(os.path.join(self.tmp, f"{name}.log"), "a") as f:
             f.write(r.stdout + r.stderr)
@@ -451,20 +449,12 @@ backend be
             c1 = core_jiffies(self.load_cpu)
             kv["load_core_pct"] = 100.0 * (c1[0] - c0[0]) / max(1, c1[1] - c0[1])
         kv["rps"] = kv["requests"] / (kv["duration_us"] / 1e6)
-        if counter:
-            err = counter.communicate(timeout=seconds + 30)[1]
-            for line in err.splitlines():
-                f = line.split(",")
-                if len(f) > 2 and f[0].strip().isdigit():
-                    if f[2].startswith("raw_syscalls:sys_enter"):
-                        kv["syscalls"] = int(f[0])
-                    elif f[2].startswith("context-switches"):
-                        kv["ctx_switches"] = int(f[0])
-        if load_counter:
-            for line in load_counter.communicate(timeout=seconds + 30)[1].splitlines():
-                f = line.split(",")
-                if len(f) > 2 and f[0].strip().isdigit() and f[2].startswith("context-switches"):
-                    kv["load_ctx_switches"] = int(f[0])
+        names = {"raw_syscalls:sys_enter": "syscalls", "context-switches": "ctx_switches"}
+        for prefix, proc in counters.items():
+            for line in proc.communicate(timeout=seconds + 30)[1].splitlines():
+                f = line.split(",")  # value,unit,event,...
+                if len(f) > 2 and f[0].strip().isdigit() and f[2] in names:
+                    kv[prefix + names[f[2]]] = int(f[0])
         if pids_fn:
             kv["cpu_pct"] = 100.0 * (cpu_ticks(pids_fn()) - t0) / os.sysconf("SC_CLK_TCK") / (time.time() - w0)
         return kv
