@@ -245,6 +245,14 @@ const StrField kStrFields[] = {
        return {};
      },
      [](const Config& c) { return c.log_level; }, "debug, info, warn or error"},
+    {"io_uring",
+     [](Config& c, std::string_view v) -> std::string {
+       if (v != "auto" && v != "off") return "must be auto or off (got " + quote(v) + ")";
+       c.io_uring = v == "auto";
+       return {};
+     },
+     [](const Config& c) { return std::string(c.io_uring ? "auto" : "off"); },
+     "auto: send each reactor pass's writes in one io_uring submission where available; off: one sendmsg each"},
 };
 
 // "max_body_bytes" -> "--max-body-bytes"; "admin.token_file" -> "--admin-token-file".

@@ -85,6 +85,10 @@ struct Config {
 
   std::string log_level = "info";                        // debug|info|warn|error
 
+  // "auto": each worker sends a reactor pass's writes in one io_uring submission where the
+  // kernel allows it (else one sendmsg each); false ("off"): always one sendmsg each.
+  bool io_uring = true;
+
   // Admin listener (operations API). Binding off loopback requires a bearer token.
   struct Admin {
     Endpoint listen{"127.0.0.1", 9901};

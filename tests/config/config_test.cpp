@@ -103,6 +103,7 @@ TEST_CASE("minimal JSON gets the documented defaults") {
   CHECK(c.max_body_bytes == (1ull << 30));
   CHECK(c.header_timeout.count() == 10000);
   CHECK(c.log_level == "info");
+  CHECK(c.io_uring);  // auto
   REQUIRE(c.routes.size() == 1);
   const Route& route = c.routes[0];
   CHECK(route.resource == "default");
@@ -120,7 +121,7 @@ TEST_CASE("every JSON key is read") {
     "max_header_bytes": 2048, "max_body_bytes": 5, "max_connections": 7, "max_resources": 11,
     "header_timeout_ms": 1, "idle_timeout_ms": 2, "body_timeout_ms": 3,
     "upstream_connect_timeout_ms": 4, "upstream_timeout_ms": 5, "drain_timeout_ms": 6,
-    "upstream_idle_per_thread": 8, "log_level": "debug",
+    "upstream_idle_per_thread": 8, "log_level": "debug", "io_uring": "off",
     "routes": [{"prefix": "/t/{tenant}/", "upstream": "http://backend/", "resource": "tenant-{tenant}",
                 "mode": "observe", "write_methods": ["POST", "PURGE"], "fence_reads": true}]
   })");
@@ -144,6 +145,7 @@ TEST_CASE("every JSON key is read") {
   CHECK(c.drain_timeout.count() == 6);
   CHECK(c.upstream_idle_per_thread == 8);
   CHECK(c.log_level == "debug");
+  CHECK_FALSE(c.io_uring);
   const Route& route = c.routes.at(0);
   CHECK(route.prefix == "/t/{tenant}/");
   CHECK(route.upstream == "http://backend/");
@@ -174,7 +176,7 @@ TEST_CASE("all errors are collected, each naming its field") {
   auto r = load_json(R"({
     "threads": -3, "listen": "nonsense", "db": "", "max_header_bytes": 10, "max_body_bytes": 0,
     "max_connections": 2000000, "header_timeout_ms": 0, "drain_timeout_ms": 86400001,
-    "max_leader_bytes": 5000, "log_level": "verbose", "token_header": "Bad Header",
+    "max_leader_bytes": 5000, "log_level": "verbose", "token_header": "Bad Header", "io_uring": "on",
     "routes": [
       {"prefix": "/", "upstream": "http://h:1"},
       {"prefix": "/b/", "upstream": "http://h:1", "mode": "enforse"}
@@ -193,7 +195,8 @@ TEST_CASE("all errors are collected, each naming its field") {
   CHECK(has_error(r, "log_level: must be one of debug, info, warn, error (got \"verbose\")"));
   CHECK(has_error(r, "token_header: must be a valid HTTP header name (got \"Bad Header\")"));
   CHECK(has_error(r, "routes[1].mode: must be one of enforce, observe, off (got \"enforse\")"));
-  CHECK(r.errors.size() == 12);
+  CHECK(has_error(r, "io_uring: must be auto or off (got \"on\")"));
+  CHECK(r.errors.size() == 13);
 }
 
 TEST_CASE("wrong JSON types name the field") {
@@ -517,9 +520,10 @@ TEST_CASE("no upstream and no config") {
 TEST_CASE("environment variables apply and their errors name the variable") {
   g_env = {{"FENCEGATE_UPSTREAM", "http://envhost:81"}, {"FENCEGATE_LISTEN", "1.2.3.4:5"},
            {"FENCEGATE_DB", "/env.db"}, {"FENCEGATE_THREADS", "6"}, {"FENCEGATE_MODE", "off"},
-           {"FENCEGATE_RESOURCE", "envres"}, {"FENCEGATE_LOG_LEVEL", "error"}};
+           {"FENCEGATE_RESOURCE", "envres"}, {"FENCEGATE_LOG_LEVEL", "error"}, {"FENCEGATE_IO_URING", "off"}};
   auto r = load_serve({}, fake_env);
   REQUIRE_MESSAGE(r.config, joined(r.errors));
+  CHECK_FALSE(r.config->io_uring);
   CHECK(r.config->listen.to_string() == "1.2.3.4:5");
   CHECK(r.config->db == "/env.db");
   CHECK(r.config->threads == 6);
@@ -606,7 +610,7 @@ TEST_CASE("serve_usage documents every flag, its env variable and default") {
         "--upstream-timeout-ms", "--upstream-connect-timeout-ms", "--drain-timeout-ms", "--token-header",
         "--leader-header", "--log-level", "--help", "FENCEGATE_CONFIG", "FENCEGATE_LISTEN", "FENCEGATE_DB",
         "FENCEGATE_THREADS", "FENCEGATE_UPSTREAM", "FENCEGATE_MODE", "FENCEGATE_RESOURCE",
-        "FENCEGATE_LOG_LEVEL", "(default \"127.0.0.1:8080\")", "(default \"Fencing-Token\")",
+        "FENCEGATE_LOG_LEVEL", "--io-uring", "FENCEGATE_IO_URING", "(default \"auto\")", "(default \"127.0.0.1:8080\")", "(default \"Fencing-Token\")",
         "(default 16384)", "write_methods", "fence_reads", "routes"}) {
     CHECK_MESSAGE(u.find(s) != std::string::npos, s);
   }
