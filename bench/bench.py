@@ -906,8 +906,9 @@ def main():
     ap.add_argument("--parts", default="throughput,advance,memory,upload", help="comma-separated subset to run")
     args = ap.parse_args()
     command = os.environ.get("BENCH_COMMAND") or "python3 bench/bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith("BENCH_")
-                    and k not in ("BENCH_COMMAND",) and v)
+    # FENCEGATE_* too: the fencegate under test reads its settings from the environment it inherits.
+    envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items())
+                    if k.startswith(("BENCH_", "FENCEGATE_")) and k not in ("BENCH_COMMAND",) and v)
     if envs:
         command = envs + " " + command
     started = datetime.datetime.now(datetime.timezone.utc)
