@@ -84,7 +84,8 @@ struct SendRing::Rings {
 
   // Queues ops[0..k) (k <= sq_entries, the ring empty) and submits them. Returns how many the
   // kernel took, or -1.
-  int submit(SendRing::Op* ops, unsigned k) {
+  // Waits for `wait` completions in the same call.
+  int submit(SendRing::Op* ops, unsigned k, unsigned wait) {
     const unsigned head = load_acquire(sq_head);
     const unsigned tail = *sq_tail;  // only this thread writes it
     for (unsigned i = 0; i < k; ++i) {
@@ -101,7 +102,7 @@ struct SendRing::Rings {
     }
     store_release(sq_tail, tail + k);
     int r;
-    do r = ring_enter(fd, k, k);
+    do r = ring_enter(fd, k, wait);
     while (r < 0 && errno == EINTR && load_acquire(sq_head) == head);
     // An interrupted wait may still have submitted: what the kernel took is what its head says.
     return r < 0 && load_acquire(sq_head) == head ? -1 : static_cast<int>(load_acquire(sq_head) - head);
@@ -152,23 +153,25 @@ std::unique_ptr<SendRing> SendRing::open(unsigned depth) {
     std::unique_ptr<SendRing> ring(new SendRing(std::move(r)));
     // The one property everything rests on, checked on this kernel: a non-blocking send that
     // would block completes at once with -EAGAIN (it is not parked to finish later, which
-    // would make run() wait for the peer). A socket pair with its send buffer full.
+    // would make run() wait for the peer). A socket pair with its send buffer full; the probe
+    // is submitted without waiting, and its completion must be there when the call returns.
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) return nullptr;
-    char fill[4096] = {};
+    static const char fill[4096] = {};  // static: a parked probe may outlive this frame
     while (::send(sv[0], fill, sizeof fill, MSG_DONTWAIT | MSG_NOSIGNAL) > 0) {
     }
-    iovec iov{fill, sizeof fill};
+    static iovec iov{const_cast<char*>(fill), sizeof fill};
     msghdr m{};
     m.msg_iov = &iov;
     m.msg_iovlen = 1;
     Op probe{sv[0], &m, 0};
-    const int took = ring->r_->submit(&probe, 1);
+    const int took = ring->r_->submit(&probe, 1, 0);
     const unsigned ready = load_acquire(ring->r_->cq_tail) - *ring->r_->cq_head;
-    bool ok = took == 1 && ready == 1 && ring->r_->reap(&probe, 1) && probe.result == -EAGAIN;
+    const bool ok = took == 1 && ready == 1 && ring->r_->reap(&probe, 1) && probe.result == -EAGAIN;
+    // A parked probe ends with its sockets (an error, nothing sent), then the ring goes.
     ::close(sv[0]);
     ::close(sv[1]);
-    if (!ok) return nullptr;  // closing the ring cancels whatever it still holds
+    if (!ok) return nullptr;
     return ring;
   }
   return nullptr;
@@ -178,14 +181,14 @@ std::size_t SendRing::run(Op* ops, std::size_t n) {
   std::size_t done = 0;
   while (done < n && !broken_) {
     const unsigned k = static_cast<unsigned>(std::min<std::size_t>(n - done, r_->sq_entries));
-    for (unsigned i = 0; i < k; ++i) ops[done + i].result = -EIO;  // what a failed ring leaves unknown
-    const int took = r_->submit(ops + done, k);
+    for (unsigned i = 0; i < k; ++i) ops[done + i].result = kUnknown;  // until its completion is reaped
+    const int took = r_->submit(ops + done, k, k);
     if (took <= 0) {
       broken_ = true;
       break;
     }
     if (!r_->reap(ops + done, static_cast<unsigned>(took))) {
-      broken_ = true;  // results not reaped stay -EIO: whether those bytes went is unknown
+      broken_ = true;  // results not reaped stay kUnknown
       done += static_cast<unsigned>(took);
       break;
     }

@@ -14,6 +14,7 @@
 
 #include <sys/socket.h>
 
+#include <climits>
 #include <cstddef>
 #include <memory>
 
@@ -24,8 +25,11 @@ class SendRing {
   struct Op {
     int fd = -1;
     const msghdr* msg = nullptr;  // the data; lives until run() returns
-    long result = 0;              // set by run(): bytes sent, or -errno
+    long result = 0;              // set by run(): bytes sent, -errno, or kUnknown
   };
+  // The result of a send the kernel took but whose completion a failed ring lost: its bytes
+  // may or may not have gone.
+  static constexpr long kUnknown = LONG_MIN;
 
   // A ring for up to `depth` sends per submission; null where io_uring cannot be used.
   static std::unique_ptr<SendRing> open(unsigned depth);
@@ -35,7 +39,9 @@ class SendRing {
 
   // Sends each op's message on its descriptor (MSG_NOSIGNAL | MSG_DONTWAIT) and sets its result.
   // Returns the number of ops done, from the first: fewer than n only if the ring failed (then
-  // it is not used again, broken() is true, and the caller sends the rest itself).
+  // it is not used again, broken() is true, and the caller sends the rest itself). Ops the ring
+  // took before it failed may be kUnknown. REQUIRES: every fd >= 0 (without
+  // IORING_SETUP_SUBMIT_ALL, kernels before 5.18, a bad one would stop the submission).
   std::size_t run(Op* ops, std::size_t n);
   bool broken() const { return broken_; }
 

@@ -387,7 +387,8 @@ struct Worker {
   };
   std::vector<QueuedSend*> sends;    // queued in this pass
   std::vector<QueuedSend*> sending;  // being sent by flush_sends
-  std::vector<SendRing::Op> send_ops;
+  std::vector<SendRing::Op> send_ops;     // of the open sockets among `sending` ...
+  std::vector<QueuedSend*> send_of;       // ... and whose each is
   std::unique_ptr<SendRing> ring;    // null: io_uring is not available, sendmsg one by one
   bool ring_opened = false;
   // True iff sends go through flush_sends (opens the ring on first use: on the worker's thread,
@@ -711,17 +712,37 @@ bool send_now(Socket& s, Buffers& bufs, boost::system::error_code& ec) {
 void Worker::flush_sends() {
   sending.swap(sends);
   const std::size_t n = sending.size();
-  send_ops.resize(n);
+  send_ops.clear();
+  send_of.clear();
   for (std::size_t i = 0; i < n; ++i) {
     QueuedSend* q = sending[i];
-    // The descriptor as of now: a socket closed meanwhile (a drain abort) gives EBADF, never
-    // another connection's descriptor.
-    send_ops[i] = SendRing::Op{q->sock->is_open() ? q->sock->native_handle() : -1, &q->msg, 0};
+    // The descriptor as of now: a socket closed meanwhile (a drain abort) gets EBADF, never
+    // another connection's bytes, and stays out of the ring.
+    if (!q->sock->is_open()) {
+      q->result = -EBADF;
+      continue;
+    }
+    send_ops.push_back(SendRing::Op{q->sock->native_handle(), &q->msg, 0});
+    send_of.push_back(q);
   }
+  const std::size_t m = send_ops.size();
   std::size_t done = 0;
-  if (n > 1 && batching()) done = ring->run(send_ops.data(), n);
-  for (std::size_t i = done; i < n; ++i) send_ops[i].result = send_msg(send_ops[i].fd, send_ops[i].msg);
-  for (std::size_t i = 0; i < n; ++i) sending[i]->result = send_ops[i].result;
+  if (m > 1 && batching()) {
+    done = ring->run(send_ops.data(), m);
+    if (ring->broken()) log::error("io_uring failed: each send is its own system call from now on");
+  }
+  for (std::size_t i = done; i < m; ++i) send_ops[i].result = send_msg(send_ops[i].fd, send_ops[i].msg);
+  for (std::size_t i = 0; i < m; ++i) {
+    long r = send_ops[i].result;
+    if (r == SendRing::kUnknown) {
+      // The ring failed after taking this send: its bytes may be out. Taken as sent, so that
+      // nothing is sent twice and an upstream write counts as in flight until it is answered
+      // or times out (then it lingers: the fence waits for it), as a write that went.
+      r = 0;
+      for (std::size_t j = 0; j < send_of[i]->msg.msg_iovlen; ++j) r += static_cast<long>(send_of[i]->iov[j].iov_len);
+    }
+    send_of[i]->result = r;
+  }
   // Resumed in order; one that sends again queues for the next flush.
   for (std::size_t i = 0; i < n; ++i) resume(sending[i]->waiter);
   sending.clear();
@@ -1972,9 +1993,15 @@ task<bool> Session::send_soon(Socket& s, Buffers& bufs, boost::system::error_cod
   // Only plain pointers in the lambda (see read_promptly).
   Worker* w = &w_;
   Worker::QueuedSend* qp = &q;
+  const bool timed_out_before = timed_out_;
   co_await net::async_initiate<const net::use_awaitable_t<Executor>&, void()>(
       [w, qp](auto handler) { w->queue_send(qp, std::move(handler)); }, use_task);
-  co_return sent_all(bufs, total, q.result, ec);
+  const bool all = sent_all(bufs, total, q.result, ec);
+  // The watchdog's cancellation cannot reach a send waiting for the flush. A deadline that
+  // passed meanwhile ends what is left to send, as it would have ended a write in progress
+  // (settle() reports it as timed_out); the write that would follow has no deadline any more.
+  if (!all && !ec && timed_out_ && !timed_out_before) ec = net::error::operation_aborted;
+  co_return all;
 }
 
 // Sends request bytes upstream; `bufs` is advanced past what went. A send that cannot go at
