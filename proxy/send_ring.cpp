@@ -82,9 +82,8 @@ struct SendRing::Rings {
     return true;
   }
 
-  // Queues ops[0..k) (k <= sq_entries, the ring empty) and submits them. Returns how many the
-  // kernel took, or -1.
-  // Waits for `wait` completions in the same call.
+  // Queues ops[0..k) (k <= sq_entries, the ring empty) and submits them, waiting for `wait`
+  // completions in the same call. Returns how many the kernel took, or -1.
   int submit(SendRing::Op* ops, unsigned k, unsigned wait) {
     const unsigned head = load_acquire(sq_head);
     const unsigned tail = *sq_tail;  // only this thread writes it

@@ -382,13 +382,13 @@ struct Worker {
     Socket* sock = nullptr;
     std::array<iovec, kMaxGather + 4> iov;
     msghdr msg{};
-    long result = 0;  // bytes sent, or -errno
+    long result = 0;  // bytes sent, -errno, or SendRing::kUnknown
     Suspended::iterator waiter;
   };
   std::vector<QueuedSend*> sends;    // queued in this pass
   std::vector<QueuedSend*> sending;  // being sent by flush_sends
-  std::vector<SendRing::Op> send_ops;     // of the open sockets among `sending` ...
-  std::vector<QueuedSend*> send_of;       // ... and whose each is
+  std::vector<SendRing::Op> send_ops;  // the sends of `sending` on open sockets ...
+  std::vector<QueuedSend*> send_of;    // ... and the QueuedSend of each
   std::unique_ptr<SendRing> ring;    // null: io_uring is not available, sendmsg one by one
   bool ring_opened = false;
   // True iff sends go through flush_sends (opens the ring on first use: on the worker's thread,
@@ -732,17 +732,7 @@ void Worker::flush_sends() {
     if (ring->broken()) log::error("io_uring failed: each send is its own system call from now on");
   }
   for (std::size_t i = done; i < m; ++i) send_ops[i].result = send_msg(send_ops[i].fd, send_ops[i].msg);
-  for (std::size_t i = 0; i < m; ++i) {
-    long r = send_ops[i].result;
-    if (r == SendRing::kUnknown) {
-      // The ring failed after taking this send: its bytes may be out. Taken as sent, so that
-      // nothing is sent twice and an upstream write counts as in flight until it is answered
-      // or times out (then it lingers: the fence waits for it), as a write that went.
-      r = 0;
-      for (std::size_t j = 0; j < send_of[i]->msg.msg_iovlen; ++j) r += static_cast<long>(send_of[i]->iov[j].iov_len);
-    }
-    send_of[i]->result = r;
-  }
+  for (std::size_t i = 0; i < m; ++i) send_of[i]->result = send_ops[i].result;
   // Resumed in order; one that sends again queues for the next flush.
   for (std::size_t i = 0; i < n; ++i) resume(sending[i]->waiter);
   sending.clear();
@@ -1996,7 +1986,11 @@ task<bool> Session::send_soon(Socket& s, Buffers& bufs, boost::system::error_cod
   const bool timed_out_before = timed_out_;
   co_await net::async_initiate<const net::use_awaitable_t<Executor>&, void()>(
       [w, qp](auto handler) { w->queue_send(qp, std::move(handler)); }, use_task);
-  const bool all = sent_all(bufs, total, q.result, ec);
+  // A send the ring took before it failed may be out: taken as sent, so that nothing is sent
+  // twice and an upstream write counts as in flight until it is answered or times out (then it
+  // lingers: the fence waits for it), as a write that went.
+  const long r = q.result == SendRing::kUnknown ? static_cast<long>(total) : q.result;
+  const bool all = sent_all(bufs, total, r, ec);
   // The watchdog's cancellation cannot reach a send waiting for the flush. A deadline that
   // passed meanwhile ends what is left to send, as it would have ended a write in progress
   // (settle() reports it as timed_out); the write that would follow has no deadline any more.
