@@ -5,6 +5,8 @@
 #include <set>
 #include <utility>
 
+#include "common/hex.h"
+
 namespace fencegate::config {
 
 namespace {
@@ -26,12 +28,7 @@ bool is_valid_name(std::string_view s) {
   return std::all_of(s.begin() + 1, s.end(), is_name_char);
 }
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
+int hex_value(char c) { return common::hex_value(static_cast<unsigned char>(c)); }
 
 // Returns an empty string if `target` is an unambiguous origin-form target, else why not.
 std::string check_target(std::string_view target) {

@@ -1,17 +1,13 @@
 #include "proxy/framing.h"
 
+#include "common/hex.h"
 #include "proxy/head.h"
 
 namespace fencegate::proxy {
 
 namespace {
 
-int hex_value(unsigned char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
+using common::hex_value;
 
 // Extension and trailer-value bytes: HTAB, SP, VCHAR, obs-text.
 bool is_text(unsigned char c) { return c == '\t' || (c >= 0x20 && c != 0x7f); }
