@@ -309,6 +309,12 @@ class Bench:
         self.versions = tool_versions(self.args.fencegate)
         self.fg = os.path.join(self.tmp, "fencegate")
         shutil.copy2(self.args.fencegate, self.fg)
+        # --baseline: an older build benched beside this one in the same run (before/after a change),
+        # as the throughput target `baseline-enforce`.
+        self.fg_baseline = None
+        if self.args.baseline:
+            self.fg_baseline = os.path.join(self.tmp, "fencegate-baseline")
+            shutil.copy2(self.args.baseline, self.fg_baseline)
         self.tool = os.path.join(self.tmp, "benchtool")
         subprocess.run(["cc", "-O2", "-o", self.tool, os.path.join(HERE, "benchtool.c")], check=True)
         self.lua = os.path.join(self.tmp, "post.lua")
@@ -392,12 +398,12 @@ backend be
         wait_port(port, p, name)
         return port, p
 
-    def start_fencegate(self, name, mode="enforce", extra=(), routes=None, admin_port=0):
+    def start_fencegate(self, name, mode="enforce", extra=(), routes=None, admin_port=0, binary=None):
         d = os.path.join(self.tmp, name)
         os.makedirs(d)
         port = free_port()
         if routes is None:
-            argv = [self.fg, "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
+            argv = [binary or self.fg, "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
                     f"http://127.0.0.1:{self.up_port}", "--mode", mode, "--db", os.path.join(d, "fence.db"),
                     "--threads", "1", "--admin-listen", "127.0.0.1:0", "--log-level", "warn", *extra]
         else:
@@ -477,11 +483,14 @@ backend be
         if name == "haproxy":
             port, p = self.start_haproxy(f"haproxy.{inst}")
             return port, p, lambda: [p.pid]
-        port, p, _ = self.start_fencegate(f"{name}.{inst}", mode=name.split("-", 1)[1])
+        binary = self.fg_baseline if name.startswith("baseline") else None
+        port, p, _ = self.start_fencegate(f"{name}.{inst}", mode=name.split("-", 1)[1], binary=binary)
         return port, p, lambda: [p.pid]
 
     def throughput(self):
         names = ["direct", "nginx", "haproxy", "fencegate-enforce", "fencegate-observe", "fencegate-off"]
+        if self.fg_baseline:
+            names.append("baseline-enforce")
         live = {name: self.launch(name, 1) for name in names}
         ports = {name: v[0] for name, v in live.items()}
         # Sanity: every target answers, and the fenced ones really fence (speed must never come
@@ -556,7 +565,7 @@ backend be
         # phase of the shared host hits both sides of a ratio; the median of those per-repetition
         # ratios is reported next to the ratio of the medians (which the targets use).
         if {"nginx", "haproxy"} <= runs.keys():
-            for name in [n for n in names if n.startswith("fencegate")]:
+            for name in [n for n in names if n.startswith(("fencegate", "baseline"))]:
                 t[name]["paired"] = {
                     other: statistics.median(a["rps"] / b["rps"] for a, b in zip(runs[name], runs[other]))
                     for other in ("nginx", "haproxy")
@@ -574,7 +583,7 @@ backend be
             # further ahead than the load side lets it). The report says so next to the ratios.
             self.res["load_side_saturated"] = max(t[n]["load_core_pct"] for n in proxies) >= 95
         for name, _ in targets:
-            if name.startswith("fencegate"):
+            if name.startswith(("fencegate", "baseline")):
                 self.check(f"{name}: no non-2xx or socket errors under load", self.res["throughput"][name]["errors"] == 0)
         for p in [p for n, p in list(self.procs.procs) if n != "upstream"]:
             self.procs.stop(p)
@@ -797,16 +806,18 @@ backend be
                 L.append("| fencegate mode | / nginx req/s | / HAProxy req/s | p99 / HAProxy p99 "
                          "| CPU per request: nginx / fencegate | HAProxy / fencegate |")
                 L.append("|---|---:|---:|---:|---:|---:|")
-                for mode in ("enforce", "observe", "off"):
-                    v = t.get(f"fencegate-{mode}")
+                for mode in ("enforce", "observe", "off", "baseline"):
+                    v = t.get(f"fencegate-{mode}") or (t.get("baseline-enforce") if mode == "baseline" else None)
                     if v:
-                        L.append(f"| {mode} | {v['rps'] / t['nginx']['rps']:.2f}x | {v['rps'] / t['haproxy']['rps']:.2f}x"
+                        L.append(f"| {mode if mode != 'baseline' else 'enforce, baseline build'} | {v['rps'] / t['nginx']['rps']:.2f}x | {v['rps'] / t['haproxy']['rps']:.2f}x"
                                  f" | {v['p99_ms'] / t['haproxy']['p99_ms']:.2f}x"
                                  f" | {t['nginx']['cpu_us_per_req'] / v['cpu_us_per_req']:.2f}x"
                                  f" | {t['haproxy']['cpu_us_per_req'] / v['cpu_us_per_req']:.2f}x |")
                 L.append("")
                 paired = [(m, t[f"fencegate-{m}"]["paired"]) for m in ("enforce", "observe", "off")
                           if "paired" in t.get(f"fencegate-{m}", {})]
+                if "paired" in t.get("baseline-enforce", {}):
+                    paired.append(("enforce (baseline build)", t["baseline-enforce"]["paired"]))
                 if paired:
                     L.append(f"Paired, the median over the {self.reps} repetitions of the req/s ratio within each "
                              "repetition (a slow phase of the host hits both sides of each ratio): "
@@ -900,6 +911,8 @@ between runs; compare ratios within one run.
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--fencegate", default=os.path.join(ROOT, "build", "fencegate"), help="binary to bench (copied)")
+    ap.add_argument("--baseline", default=os.environ.get("BENCH_BASELINE", ""),
+                    help="an older fencegate binary benched beside --fencegate as `baseline-enforce` (before/after)")
     ap.add_argument("--write-results", action="store_true", help="append this run to bench/RESULTS.md")
     ap.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"), help="results file for --write-results")
     ap.add_argument("--note", default="", help="label for this run in the results, e.g. 'before arena allocator'")
