@@ -72,6 +72,14 @@ class Elect {
   int stop_command(pid_t pid, int first, bool* reaped_status_valid,
                    Clock::time_point kill_by = Clock::time_point::max());
 
+  // What supervise() saw: the command's wait status; whether leadership was lost meanwhile.
+  struct Supervised {
+    int wstatus = 0;
+    bool lost = false;
+  };
+  Supervised supervise(pid_t pid, std::int64_t token, const LeaderKey& lk, LeaseKeeper& keeper, KeyGuard& guard,
+                       Guardian& guardian);
+
   // Revokes the leases whose revoke failed before (etcd was down): their keys would otherwise wait
   // in the election as zombies, and lead for up to a TTL with no process behind them.
   void revoke_leftovers();
@@ -129,6 +137,81 @@ int Elect::stop_command(pid_t pid, int first, bool* have_status, Clock::time_poi
     wait_signal(20ms);  // SIGCHLD wakes us early; a second SIGTERM/SIGINT is absorbed here
   }
   return wstatus;
+}
+
+// Runs while the command does: passes signals on, and stops it when leadership is lost (the
+// lease not valid, or the leader key gone). Returns its wait status and whether leadership was
+// lost while it ran.
+Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, const LeaderKey& lk, LeaseKeeper& keeper,
+                                   KeyGuard& guard, Guardian& guardian) {
+  Supervised out;
+  int& wstatus = out.wstatus;
+  bool& lost = out.lost;
+  bool exited = false;
+  int forwarded = 0;
+  Clock::time_point kill_at{};
+  while (!exited) {
+    int sig = wait_signal(50ms);
+    if (reap_command(pid, &wstatus)) {
+      exited = true;
+      if (!keeper.valid()) {
+        // Its guardian killed it at the lease's earliest expiry, while elect was not running.
+        log::error("leadership lost: the lease ran out while elect was stopped; the command was killed at its expiry",
+                   {log::kv("token", token), log::kv("pid", pid), log::kv("status", exit_code_of(wstatus))});
+        lost = true;
+      }
+      break;
+    }
+    if (keeper.valid()) extend_guardian(guardian, keeper.deadline() + keeper.margin());
+    if (!keeper.valid()) {
+      log::error("leadership lost: stopping the command",
+                 {log::kv("state", LeaseKeeper::to_string(keeper.state())), log::kv("token", token), log::kv("pid", pid),
+                  log::kv("late_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - keeper.deadline()).count())});
+      // etcd may expire the lease (and elect the next leader) from deadline + margin on: the
+      // command gets SIGKILL by then if --grace-ms would run past it, so that it never runs on
+      // while a successor leads.
+      const auto expiry = keeper.deadline() + keeper.margin();
+      if (Clock::now() + milliseconds(f_.grace_ms) > expiry)
+        log::warn("the grace period is cut to the lease's earliest expiry",
+                  {log::kv("grace_ms", f_.grace_ms),
+                   log::kv("left_ms", std::max<std::int64_t>(
+                                          0, std::chrono::duration_cast<milliseconds>(expiry - Clock::now()).count()))});
+      bool have = false;
+      wstatus = stop_command(pid, SIGTERM, &have, expiry);
+      lost = true;
+      break;
+    }
+    // After the lease (a paused elect sees its deadline passed first, whatever the watch says).
+    if (guard.gone()) {
+      log::error("leadership lost: the leader key was deleted; stopping the command",
+                 {log::kv("key", lk.key), log::kv("token", token), log::kv("pid", pid)});
+      // The lease still lives, but the term is over: the guardian's SIGKILL moves to the end of
+      // the grace (so it holds even if elect stops now), not the lease's expiry.
+      set_guardian(guardian, Clock::now() + milliseconds(f_.grace_ms));
+      bool have = false;
+      wstatus = stop_command(pid, SIGTERM, &have);
+      lost = true;
+      break;
+    }
+    if (sig == SIGUSR1 || sig == SIGUSR2) kill(-pid, sig);  // the command's own business
+    if (is_stop_signal(sig)) {
+      // SIGHUP and SIGQUIT stop the command as SIGTERM does (to a daemon SIGHUP may mean
+      // "reload", which would not stop it before the SIGKILL).
+      const int pass = sig == SIGHUP || sig == SIGQUIT ? SIGTERM : sig;
+      if (!forwarded) {
+        log::info("passing the signal to the command", {log::kv("signal", sig), log::kv("sent", pass), log::kv("pid", pid)});
+        forwarded = pass;
+        kill_at = Clock::now() + milliseconds(f_.grace_ms);
+      }
+      kill(-pid, pass);
+    }
+    if (forwarded && Clock::now() >= kill_at) {
+      log::warn("command still running after the grace period: SIGKILL", {log::kv("pid", pid)});
+      kill(-pid, SIGKILL);
+      kill_at = Clock::time_point::max();
+    }
+  }
+  return out;
 }
 
 int Elect::run() {
@@ -269,71 +352,9 @@ int Elect::run() {
     }
     log::info("command started", {log::kv("pid", pid), log::kv("token", token), log::kv("command", f_.command.front())});
     if (guardian.pid < 0) log::warn("could not start the command's guardian: if elect is killed, the command's children may outlive it");
-    int wstatus = 0;
-    bool exited = false, lost = false;
-    int forwarded = 0;
-    Clock::time_point kill_at{};
-    while (!exited) {
-      int sig = wait_signal(50ms);
-      if (reap_command(pid, &wstatus)) {
-        exited = true;
-        if (!keeper->valid()) {
-          // Its guardian killed it at the lease's earliest expiry, while elect was not running.
-          log::error("leadership lost: the lease ran out while elect was stopped; the command was killed at its expiry",
-                     {log::kv("token", token), log::kv("pid", pid), log::kv("status", exit_code_of(wstatus))});
-          lost = true;
-        }
-        break;
-      }
-      if (keeper->valid()) extend_guardian(guardian, keeper->deadline() + keeper->margin());
-      if (!keeper->valid()) {
-        log::error("leadership lost: stopping the command",
-                   {log::kv("state", LeaseKeeper::to_string(keeper->state())), log::kv("token", token), log::kv("pid", pid),
-                    log::kv("late_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - keeper->deadline()).count())});
-        // etcd may expire the lease (and elect the next leader) from deadline + margin on: the
-        // command gets SIGKILL by then if --grace-ms would run past it, so that it never runs on
-        // while a successor leads.
-        const auto expiry = keeper->deadline() + keeper->margin();
-        if (Clock::now() + milliseconds(f_.grace_ms) > expiry)
-          log::warn("the grace period is cut to the lease's earliest expiry",
-                    {log::kv("grace_ms", f_.grace_ms),
-                     log::kv("left_ms", std::max<std::int64_t>(
-                                            0, std::chrono::duration_cast<milliseconds>(expiry - Clock::now()).count()))});
-        bool have = false;
-        wstatus = stop_command(pid, SIGTERM, &have, expiry);
-        lost = true;
-        break;
-      }
-      // After the lease (a paused elect sees its deadline passed first, whatever the watch says).
-      if (guard.gone()) {
-        log::error("leadership lost: the leader key was deleted; stopping the command",
-                   {log::kv("key", lk.key), log::kv("token", token), log::kv("pid", pid)});
-        // The lease still lives, but the term is over: the guardian's SIGKILL moves to the end of
-        // the grace (so it holds even if elect stops now), not the lease's expiry.
-        set_guardian(guardian, Clock::now() + milliseconds(f_.grace_ms));
-        bool have = false;
-        wstatus = stop_command(pid, SIGTERM, &have);
-        lost = true;
-        break;
-      }
-      if (sig == SIGUSR1 || sig == SIGUSR2) kill(-pid, sig);  // the command's own business
-      if (is_stop_signal(sig)) {
-        // SIGHUP and SIGQUIT stop the command as SIGTERM does (to a daemon SIGHUP may mean
-        // "reload", which would not stop it before the SIGKILL).
-        const int pass = sig == SIGHUP || sig == SIGQUIT ? SIGTERM : sig;
-        if (!forwarded) {
-          log::info("passing the signal to the command", {log::kv("signal", sig), log::kv("sent", pass), log::kv("pid", pid)});
-          forwarded = pass;
-          kill_at = Clock::now() + milliseconds(f_.grace_ms);
-        }
-        kill(-pid, pass);
-      }
-      if (forwarded && Clock::now() >= kill_at) {
-        log::warn("command still running after the grace period: SIGKILL", {log::kv("pid", pid)});
-        kill(-pid, SIGKILL);
-        kill_at = Clock::time_point::max();
-      }
-    }
+    const Supervised ended = supervise(pid, token, lk, *keeper, guard, guardian);
+    const int wstatus = ended.wstatus;
+    const bool lost = ended.lost;
     release_guardian(guardian);  // the command is reaped and its group killed
 
     // --- 5. Resign and revoke.
