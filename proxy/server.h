@@ -11,7 +11,4 @@ namespace fencegate::proxy {
 // 1 when it cannot start (store owned by another process, port in use, upstream unresolvable).
 int run_serve(std::shared_ptr<const config::Config> cfg);
 
-// `fencegate` command line: dispatches subcommands. Returns the process exit code.
-int run_cli(int argc, char** argv);
-
 }  // namespace fencegate::proxy

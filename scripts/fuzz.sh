@@ -22,7 +22,7 @@ targets=(${FUZZ_TARGETS:-token head body router config time})
 # A separate build directory: clang, every library instrumented (see tests/fuzz/CMakeLists.txt),
 # no test suites; only the fuzz targets are built (not the Boost/Beast fencegate executable).
 # clang 16, not bookworm's default clang 14: the product uses C++20 lambda captures of structured
-# bindings (config/config.cpp), which clang supports from 16 on.
+# bindings (config/config_file.cpp), which clang supports from 16 on.
 # -O1 -gline-tables-only: the usual fuzzing build (quick to compile, file:line in reports).
 CC=clang-16 CXX=clang++-16 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++-16 -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \

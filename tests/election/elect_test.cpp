@@ -60,7 +60,7 @@ TEST_CASE("elect/leader: bad flags exit 2 with a message; --help exits 0") {
   CHECK(r.err.find("--id: must not contain control characters") != std::string::npos);
   CHECK(r.err.find("--fence-timeout-ms") != std::string::npos);
   // Election names a sidecar's authority could not follow (serve refuses them), and an empty --id.
-  for (const std::string bad : {std::string("two words"), std::string("line\nbreak"), std::string(300, 'e')}) {
+  for (const std::string& bad : {std::string("two words"), std::string("line\nbreak"), std::string(300, 'e')}) {
     CAPTURE(bad);
     r = run_command({kFencegate, "elect", "--etcd", "http://127.0.0.1:2379", "--election", bad, "--", "true"}, 10s);
     CHECK(r.code() == 2);

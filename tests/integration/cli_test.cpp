@@ -102,6 +102,57 @@ TEST_CASE("bad flags exit 2 with a message naming the flag") {
   }
 }
 
+TEST_CASE("every subcommand's flag syntax errors keep their own wording (one parser, four contracts)") {
+  struct Case {
+    std::vector<std::string> args;  // after the binary
+    std::string stderr_line;        // a whole line of stderr
+  };
+  const std::vector<Case> cases{
+      // serve: every problem is listed; a value that starts with "--" is the next flag.
+      {{"serve", "--db", "--threads", "2"}, "fencegate serve: --db: missing value"},
+      {{"serve", "--db="}, "fencegate serve: --db: missing value"},
+      {{"serve", "--bogus=1"}, "fencegate serve: --bogus: unknown flag (see --help)"},
+      {{"serve", "stray"}, "fencegate serve: unexpected argument \"stray\" (flags look like --name value)"},
+      {{"serve", "--"}, "fencegate serve: --: unknown flag (see --help)"},
+      // elect: `--` ends the flags; a value is the next argument, whatever it looks like.
+      {{"elect", "--recampaign=1", "--", "true"}, "fencegate elect: unknown flag \"--recampaign=1\""},
+      {{"elect", "stray", "--", "true"}, "fencegate elect: unknown flag \"stray\" (put the command after --)"},
+      {{"elect", "--ttl"}, "fencegate elect: --ttl: needs a value"},
+      {{"elect", "--ttl"}, "fencegate elect: --ttl: must be an integer in 2..3600 (got \"\")"},
+      {{"elect", "--ttl", "--", "true"}, "fencegate elect: --ttl: must be an integer in 2..3600 (got \"--\")"},
+      {{"elect", "--log-level", "loud", "--", "true"},
+       "fencegate elect: --log-level: must be one of debug, info, warn, error (got \"loud\")"},
+      // leader
+      {{"leader", "--"}, "fencegate leader: unknown flag \"--\""},
+      {{"leader", "--timeout-ms=0"}, "fencegate leader: --timeout-ms: must be an integer in 1..600000 (got \"0\")"},
+      // audit: the first problem ends it; a value may start with '-'.
+      {{"audit", "--json=1"}, "fencegate audit: --json takes no value"},
+      {{"audit", "--db"}, "fencegate audit: --db needs a value"},
+      {{"audit", "--db="}, "fencegate audit: --db needs a value (got an empty one)"},
+      {{"audit", "--"}, "fencegate audit: unexpected argument \"--\" (flags start with --)"},
+      {{"audit", "--bogus", "--help"}, "fencegate audit: unknown flag --bogus"},
+      {{"audit", "--db", "x", "--since", "-1h", "--until", "-2h"}, "fencegate audit: --since "},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> argv{kFencegate};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto r = run_command(argv, 10s);
+    CAPTURE(c.stderr_line);
+    INFO(show(r));
+    CHECK(r.code() == 2);
+    CHECK(("\n" + r.err).find("\n" + c.stderr_line) != std::string::npos);
+  }
+  // --help where a flag may stand wins over earlier problems (serve, elect), not as a value.
+  for (const char* sub : {"serve", "elect", "leader", "audit"}) {
+    auto r = run_command({kFencegate, sub, "-h"}, 10s);
+    CAPTURE(sub);
+    CHECK(r.code() == 0);
+    CHECK(r.out.rfind("Usage: fencegate " + std::string(sub), 0) == 0);
+  }
+  CHECK(run_command({kFencegate, "serve", "--bogus", "--help"}, 10s).code() == 0);
+  CHECK(run_command({kFencegate, "elect", "--bogus", "--help"}, 10s).code() == 0);
+}
+
 TEST_CASE("config file: unknown keys and bad values exit 2 naming the field") {
   TempDir dir;
   SUBCASE("unknown top-level key (a typo must not pass)") {

@@ -1,6 +1,11 @@
-// `fencegate audit`: flag parsing, time parsing (RFC 3339 and relative ages), table and JSON-lines
-// output, and --follow polling. Reads through Store::open_readonly: no lock, no writes.
-#include "proxy/audit_cli.h"
+// `fencegate audit`: prints the audit log of a fencegate database (who was refused, when, and
+// with which token): flag parsing, time parsing (RFC 3339 and relative ages), table and JSON-lines
+// output, and --follow polling. Reads through Store::open_readonly (no lock, no writes), so it
+// works while the sidecar runs. With --follow it installs SIGINT/SIGTERM handlers for its own
+// duration.
+//
+// Exit codes: 0 success (also when nothing matches, and on SIGINT/SIGTERM while following), 1 the
+// database cannot be opened or read, 2 bad arguments.
 
 #include <signal.h>
 
@@ -21,11 +26,24 @@
 #include <thread>
 #include <vector>
 
+#include "cmd/cmd.h"
+#include "common/flags.h"
 #include "fence_store/store.h"
+#include "proxy/audit_json.h"
+#include "proxy/audit_query.h"
 #include "proxy/timefmt.h"
 
-namespace fencegate::proxy {
+namespace fencegate::cmd {
 namespace {
+
+using proxy::fetch_newest_audit;
+using proxy::format_rfc3339_ms;
+using proxy::is_control;
+using proxy::kAuditPage;
+using proxy::newest_audit_id;
+using proxy::next_code_point;
+using proxy::now_unix_ms;
+using proxy::parse_time_arg;
 
 using store::AuditQuery;
 using store::AuditRecord;
@@ -34,8 +52,7 @@ using store::Store;
 
 constexpr int kExitOk = 0, kExitRuntime = 1, kExitUsage = 2;
 constexpr int kDefaultLimit = 50;
-constexpr int kMaxLimit = 1'000'000;  // fetched in pages of kPage
-constexpr int kPage = 1000;           // the store's largest page
+constexpr int kMaxLimit = 1'000'000;  // fetched in pages of kAuditPage
 constexpr std::chrono::milliseconds kPollInterval{250};
 constexpr std::size_t kMaxCell = 64;  // table cells longer than this are cut ("..."); --json is whole
 
@@ -103,49 +120,7 @@ bool parse_time(std::string_view s, std::int64_t now, std::int64_t* out, std::st
 
 std::string format_time(std::int64_t ms) { return format_rfc3339_ms(ms); }
 
-// ---- Text: UTF-8 aware escaping for the terminal and for JSON ----
-
-// Decodes one UTF-8 sequence at s[*i] and advances. Returns the code point, or -1 for an invalid
-// byte (consumed alone).
-std::int32_t next_code_point(std::string_view s, std::size_t* i) {
-  const auto b0 = static_cast<unsigned char>(s[*i]);
-  if (b0 < 0x80) {
-    ++*i;
-    return b0;
-  }
-  int len;
-  std::int32_t cp, min;
-  if ((b0 & 0xE0) == 0xC0) {
-    len = 2, cp = b0 & 0x1F, min = 0x80;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3, cp = b0 & 0x0F, min = 0x800;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4, cp = b0 & 0x07, min = 0x10000;
-  } else {
-    ++*i;
-    return -1;
-  }
-  if (*i + static_cast<std::size_t>(len) > s.size()) {
-    ++*i;
-    return -1;
-  }
-  for (int k = 1; k < len; ++k) {
-    const auto b = static_cast<unsigned char>(s[*i + static_cast<std::size_t>(k)]);
-    if ((b & 0xC0) != 0x80) {
-      ++*i;
-      return -1;
-    }
-    cp = (cp << 6) | (b & 0x3F);
-  }
-  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-    ++*i;
-    return -1;
-  }
-  *i += static_cast<std::size_t>(len);
-  return cp;
-}
-
-bool is_control(std::int32_t cp) { return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F); }
+// ---- Text: UTF-8 aware escaping for the terminal (JSON: proxy/audit_json.h) ----
 
 // For the table: control characters (C0, DEL, C1) and invalid bytes become \xNN / \u{NN} so a
 // hostile request target cannot drive the operator's terminal; "" becomes "-".
@@ -188,35 +163,6 @@ std::string cut(std::string s) {
   }
   s.resize(i);
   return s + "...";
-}
-
-// A JSON string: valid UTF-8 passes through, control characters are \u-escaped, invalid bytes
-// become U+FFFD (the audit log stores request bytes as they came).
-void json_string(std::string* out, std::string_view s) {
-  *out += '"';
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const std::size_t start = i;
-    const std::int32_t cp = next_code_point(s, &i);
-    switch (cp) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      default:
-        if (cp < 0) {
-          *out += "\\ufffd";
-        } else if (is_control(cp)) {
-          char buf[16];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(cp));
-          *out += buf;
-        } else {
-          out->append(s.substr(start, i - start));
-        }
-    }
-  }
-  *out += '"';
 }
 
 // ---- Output ----
@@ -274,30 +220,8 @@ class Printer {
       line(cells(rec));
       return;
     }
-    const auto& r = rec.row;
-    buf_ += "{\"id\":" + std::to_string(rec.id) + ",\"time\":";
-    json_string(&buf_, format_time(r.time_ms));
-    buf_ += ",\"resource\":";
-    json_string(&buf_, r.resource);
-    buf_ += ",\"decision\":";
-    json_string(&buf_, r.decision);
-    // As GET /v1/audit writes them: no valid token presented is null, not 0.
-    buf_ += ",\"presented_generation\":" +
-            (r.presented_generation ? std::to_string(r.presented_generation) : std::string("null"));
-    buf_ += ",\"current_generation\":" + std::to_string(r.current_generation);
-    buf_ += ",\"method\":";
-    json_string(&buf_, r.method);
-    buf_ += ",\"target\":";
-    json_string(&buf_, r.target);
-    buf_ += ",\"client\":";
-    json_string(&buf_, r.client);
-    buf_ += ",\"leader\":";
-    json_string(&buf_, r.leader);
-    buf_ += ",\"mode\":";
-    json_string(&buf_, r.mode);
-    buf_ += ",\"user_agent\":";
-    json_string(&buf_, r.user_agent);
-    buf_ += "}\n";
+    proxy::append_audit_row_json(&buf_, rec);
+    buf_ += '\n';
   }
 
   // Writes what was printed. Returns false if stdout is gone (e.g. a closed pipe).
@@ -323,6 +247,13 @@ class Printer {
 
 // ---- Flags ----
 
+// A value may start with '-': "--since -1h".
+constexpr std::array kAuditFlags = {
+    flags::Flag{"--db"},    flags::Flag{"--resource"}, flags::Flag{"--decision"},
+    flags::Flag{"--leader"}, flags::Flag{"--since"},   flags::Flag{"--until"},
+    flags::Flag{"--limit"}, flags::Flag{"--json", flags::Arity::none}, flags::Flag{"--follow", flags::Arity::none},
+};
+
 // Returns kExitOk with *opts filled, kExitUsage after printing why, or -1 for --help (printed).
 int parse_args(const std::vector<std::string>& args, Options* opts) {
   auto usage_error = [](const std::string& msg) {
@@ -331,43 +262,45 @@ int parse_args(const std::vector<std::string>& args, Options* opts) {
   };
   std::optional<std::string> since, until, limit;
   bool have_db = false;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kUsage, stdout);
-      return -1;
+  // The first problem ends the parse (flags and values are checked in argument order).
+  for (const flags::Item& item : flags::parse(args, kAuditFlags).items) {
+    const std::string& name = item.name;
+    switch (item.kind) {
+      case flags::Kind::help:
+        std::fputs(kUsage, stdout);
+        return -1;
+      case flags::Kind::not_a_flag:
+        return usage_error("unexpected argument \"" + item.arg + "\" (flags start with --)");
+      case flags::Kind::unknown_flag:
+        return usage_error("unknown flag " + name);
+      case flags::Kind::value_on_boolean:
+        return usage_error(name + " takes no value");
+      case flags::Kind::missing_value:
+        return usage_error(name + " needs a value");
+      case flags::Kind::flag:
+        break;
     }
-    if (a.rfind("--", 0) != 0 || a.size() == 2)
-      return usage_error("unexpected argument \"" + a + "\" (flags start with --)");
-    const std::size_t eq = a.find('=');
-    const std::string name = a.substr(0, eq);
     if (name == "--json" || name == "--follow") {
-      if (eq != std::string::npos) return usage_error(name + " takes no value");
       (name == "--json" ? opts->json : opts->follow) = true;
       continue;
     }
-    std::string* target = nullptr;
-    std::optional<std::string>* opt_target = nullptr;
-    if (name == "--db") target = &opts->db;
-    else if (name == "--resource") target = &opts->query.resource;
-    else if (name == "--decision") target = &opts->query.decision;
-    else if (name == "--leader") target = &opts->query.leader;
-    else if (name == "--since") opt_target = &since;
-    else if (name == "--until") opt_target = &until;
-    else if (name == "--limit") opt_target = &limit;
-    else return usage_error("unknown flag " + name);
-    std::string value;
-    if (eq != std::string::npos) {
-      value = a.substr(eq + 1);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];  // may start with '-': "--since -1h"
-    } else {
-      return usage_error(name + " needs a value");
+    if (item.value.empty()) return usage_error(name + " needs a value (got an empty one)");
+    if (name == "--db") {
+      opts->db = item.value;
+      have_db = true;
+    } else if (name == "--resource") {
+      opts->query.resource = item.value;
+    } else if (name == "--decision") {
+      opts->query.decision = item.value;
+    } else if (name == "--leader") {
+      opts->query.leader = item.value;
+    } else if (name == "--since") {
+      since = item.value;
+    } else if (name == "--until") {
+      until = item.value;
+    } else if (name == "--limit") {
+      limit = item.value;
     }
-    if (value.empty()) return usage_error(name + " needs a value (got an empty one)");
-    if (target) *target = value;
-    else *opt_target = value;
-    if (name == "--db") have_db = true;
   }
   if (!have_db) return usage_error("--db is required (the fencegate database file to read)");
   if (const auto& d = opts->query.decision;
@@ -400,40 +333,6 @@ int parse_args(const std::vector<std::string>& args, Options* opts) {
 }
 
 // ---- Queries ----
-
-// Matching rows with id < before_id (0 = newest), newest first, up to `limit`, paging the store.
-bool fetch_newest(Store& s, const Options& o, std::int64_t before_id, int limit, std::vector<AuditRecord>* out,
-                  std::string* err) {
-  AuditQuery q = o.query;
-  q.before_id = before_id;
-  while (static_cast<int>(out->size()) < limit) {
-    q.limit = std::min(kPage, limit - static_cast<int>(out->size()));
-    Status st = Status::OK();
-    auto page = s.query_audit(q, &st);
-    if (!st.ok()) {
-      *err = st.message();
-      return false;
-    }
-    out->insert(out->end(), page.begin(), page.end());
-    if (static_cast<int>(page.size()) < q.limit) break;
-    q.before_id = page.back().id;
-  }
-  return true;
-}
-
-// The newest id in the audit table (any row), 0 if it is empty.
-bool newest_id(Store& s, std::int64_t* id, std::string* err) {
-  AuditQuery q;
-  q.limit = 1;
-  Status st = Status::OK();
-  auto page = s.query_audit(q, &st);
-  if (!st.ok()) {
-    *err = st.message();
-    return false;
-  }
-  *id = page.empty() ? 0 : page[0].id;
-  return true;
-}
 
 volatile std::sig_atomic_t g_stop = 0;
 extern "C" void on_stop_signal(int) { g_stop = 1; }
@@ -479,9 +378,9 @@ int follow(Store& s, const Options& o) {
   // Rows up to `cursor` are handled; later ones are new. Taken before the backlog query so a row
   // committed in between is printed exactly once.
   std::int64_t cursor = 0;
-  if (!newest_id(s, &cursor, &err)) return fail_runtime(err);
+  if (!newest_audit_id(s, &cursor, &err)) return fail_runtime(err);
   std::vector<AuditRecord> backlog;
-  if (cursor > 0 && !fetch_newest(s, o, cursor + 1, o.limit, &backlog, &err)) return fail_runtime(err);
+  if (cursor > 0 && !fetch_newest_audit(s, o.query, cursor + 1, o.limit, &backlog, &err)) return fail_runtime(err);
   std::reverse(backlog.begin(), backlog.end());
 
   Printer out(o.json);
@@ -504,15 +403,15 @@ int follow(Store& s, const Options& o) {
     if (cursor == 0) {
       // after_id needs a row to start from: on an empty table, take everything there is now.
       std::int64_t head = 0;
-      if (!newest_id(s, &head, &err)) return fail_runtime(err);
+      if (!newest_audit_id(s, &head, &err)) return fail_runtime(err);
       if (head == 0) continue;
-      if (!fetch_newest(s, o, head + 1, std::numeric_limits<int>::max(), &fresh, &err))
+      if (!fetch_newest_audit(s, o.query, head + 1, std::numeric_limits<int>::max(), &fresh, &err))
         return fail_runtime(err);
       std::reverse(fresh.begin(), fresh.end());
       cursor = head;
     } else {
       AuditQuery q = o.query;
-      q.limit = kPage;
+      q.limit = kAuditPage;
       for (;;) {
         q.after_id = cursor;
         Status st = Status::OK();
@@ -521,7 +420,7 @@ int follow(Store& s, const Options& o) {
         if (page.empty()) break;
         cursor = page.back().id;
         fresh.insert(fresh.end(), page.begin(), page.end());
-        if (static_cast<int>(page.size()) < kPage) break;
+        if (static_cast<int>(page.size()) < kAuditPage) break;
       }
     }
     for (const auto& r : fresh) out.row(r);
@@ -533,7 +432,7 @@ int follow(Store& s, const Options& o) {
 
 }  // namespace
 
-int run_audit_cli(const std::vector<std::string>& args) {
+int run_audit(const std::vector<std::string>& args) {
   Options o;
   if (int rc = parse_args(args, &o); rc != kExitOk) return rc < 0 ? kExitOk : rc;
 
@@ -544,7 +443,7 @@ int run_audit_cli(const std::vector<std::string>& args) {
   if (o.follow) return follow(*s, o);
 
   std::vector<AuditRecord> rows;
-  if (!fetch_newest(*s, o, 0, o.limit, &rows, &err)) return fail_runtime("reading " + o.db + ": " + err);
+  if (!fetch_newest_audit(*s, o.query, 0, o.limit, &rows, &err)) return fail_runtime("reading " + o.db + ": " + err);
   if (rows.empty()) {
     if (!o.json) std::fprintf(stderr, "fencegate audit: no matching audit rows in %s\n", o.db.c_str());
     return kExitOk;
@@ -557,4 +456,4 @@ int run_audit_cli(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
-}  // namespace fencegate::proxy
+}  // namespace fencegate::cmd

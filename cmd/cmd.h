@@ -1,0 +1,25 @@
+// The `fencegate` subcommands, each in its own file under cmd/ (main.cpp dispatches to them):
+// flags, usage text and exit codes here; the work itself in the libraries.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace fencegate::cmd {
+
+// Each takes the arguments after the subcommand's name and returns the process exit code.
+int run_serve(const std::vector<std::string>& args);   // cmd/serve.cpp
+int run_elect(const std::vector<std::string>& args);   // cmd/elect.cpp
+int run_leader(const std::vector<std::string>& args);  // cmd/leader.cpp
+int run_audit(const std::vector<std::string>& args);   // cmd/audit.cpp
+
+// Shared by elect and leader (cmd/elect.cpp).
+
+// Prints "fencegate CMD: ERROR" for each error and where to find the flags; returns 2.
+int usage_error(const char* cmd, const std::vector<std::string>& errors);
+
+// "" if `name` is an election name `serve` accepts for an authority (routes[].authority.election):
+// an election elect runs must be one a sidecar can follow; else the message.
+std::string election_name_error(const std::string& name);
+
+}  // namespace fencegate::cmd

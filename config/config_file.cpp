@@ -1,0 +1,366 @@
+// Reading the JSON config document (--config / FENCEGATE_CONFIG, and reloads) into a Config:
+// types, unknown and duplicate keys, nesting depth; the values' own checks are validate.cpp's.
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "config/fields.h"
+
+namespace fencegate::config {
+
+namespace detail {
+
+namespace {
+
+using json = nlohmann::json;
+
+// No setting nests deeper than a few levels. A deeper document is refused as it is read: the
+// paths kept per level would otherwise cost memory quadratic in the depth (a 200 KB file of
+// brackets took gigabytes, enough to kill a running sidecar on reload).
+constexpr std::size_t kMaxConfigDepth = 32;
+struct TooDeep {};
+
+// Reports duplicate object keys, which nlohmann would otherwise resolve silently (last wins).
+class DuplicateKeyFinder {
+ public:
+  // *where follows the parse: the field whose value comes next (for an error in that value).
+  DuplicateKeyFinder(std::vector<std::string>& errors, std::string& where) : errors_(&errors), where_(&where) {}
+
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start: {
+        if (stack_.size() >= kMaxConfigDepth) throw TooDeep{};
+        std::string path;
+        if (!stack_.empty()) {
+          Frame& parent = stack_.back();
+          path = parent.array ? parent.path + "[" + std::to_string(parent.next_index++) + "]"
+                              : join(parent.path, parent.last_key);
+        }
+        stack_.push_back({event == json::parse_event_t::array_start, std::move(path), {}, {}, 0});
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!stack_.empty()) stack_.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!stack_.empty() && parsed.is_string()) {
+          Frame& top = stack_.back();
+          top.last_key = parsed.get<std::string>();
+          *where_ = join(top.path, top.last_key);
+          if (!top.keys.insert(top.last_key).second) {
+            errors_->push_back(join(top.path, top.last_key) + ": duplicate key");
+          }
+        }
+        break;
+      case json::parse_event_t::value:
+        // A NUL would cut a path or a token where the C library reads it (a db path "a\u0000b"
+        // opens "a"): no setting has a use for one.
+        if (parsed.is_string() && parsed.get_ref<const std::string&>().find('\0') != std::string::npos && !stack_.empty()) {
+          const Frame& top = stack_.back();
+          errors_->push_back((top.array ? top.path + "[" + std::to_string(top.next_index) + "]" : join(top.path, top.last_key)) +
+                             ": must not contain a NUL character (\\u0000)");
+        }
+        if (!stack_.empty() && stack_.back().array) {
+          Frame& top = stack_.back();
+          ++top.next_index;
+          *where_ = top.path + "[" + std::to_string(top.next_index) + "]";  // the next element
+        }
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool array;
+    std::string path;
+    std::set<std::string> keys;
+    std::string last_key;
+    std::size_t next_index;
+  };
+  static std::string join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+  std::vector<std::string>* errors_;
+  std::string* where_;
+  std::vector<Frame> stack_;
+};
+
+std::string got(const json& j) { return j.dump(); }
+
+bool get_string(const json& j, const std::string& path, std::string& out,
+                std::vector<std::string>& errors) {
+  if (!j.is_string()) {
+    errors.push_back(path + ": must be a string (got " + got(j) + ")");
+    return false;
+  }
+  out = j.get<std::string>();
+  return true;
+}
+
+
+// "authority": {"etcd": ["http://..."], "election": "...", "grace_ms": N}. Values are checked by
+// validate(); here only their JSON types.
+Authority parse_authority(const json& j, const std::string& path, std::vector<std::string>& errors) {
+  Authority a;
+  if (!j.is_object()) {
+    errors.push_back(path + ": must be an object {\"etcd\": [URL, ...], \"election\": NAME} (got " + got(j) + ")");
+    return a;
+  }
+  bool has_etcd = false, has_election = false;
+  for (const auto& [key, v] : j.items()) {
+    std::string fp = path + "." + key;
+    if (key == "etcd") {
+      has_etcd = true;
+      if (v.is_string()) {
+        a.etcd.push_back(v.get<std::string>());
+      } else if (!v.is_array()) {
+        errors.push_back(fp + ": must be an array of etcd URLs such as \"http://127.0.0.1:2379\" (got " + got(v) + ")");
+      } else {
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          std::string s;
+          if (get_string(v[i], fp + "[" + std::to_string(i) + "]", s, errors)) a.etcd.push_back(s);
+        }
+        if (v.empty()) errors.push_back(fp + ": must list at least one etcd URL");
+      }
+    } else if (key == "election") {
+      has_election = true;
+      get_string(v, fp, a.election, errors);
+    } else if (key == "grace_ms") {
+      if (v.is_number_integer() && !v.is_number_unsigned() && v.get<std::int64_t>() >= 0 &&
+          v.get<std::int64_t>() <= kMaxMs) {
+        a.grace = std::chrono::milliseconds(v.get<std::int64_t>());
+      } else if (v.is_number_unsigned() && v.get<std::uint64_t>() <= static_cast<std::uint64_t>(kMaxMs)) {
+        a.grace = std::chrono::milliseconds(v.get<std::uint64_t>());
+      } else {
+        errors.push_back(fp + ": " + grace_error(got(v)));
+      }
+    } else {
+      errors.push_back(fp + ": unknown key");
+    }
+  }
+  if (!has_etcd) errors.push_back(path + ".etcd: required");
+  if (!has_election) errors.push_back(path + ".election: required");
+  return a;
+}
+
+Route parse_route(const json& j, const std::string& path, std::vector<std::string>& errors) {
+  Route r;
+  if (!j.is_object()) {
+    errors.push_back(path + ": must be an object (got " + got(j) + ")");
+    return r;
+  }
+  for (const auto& [key, v] : j.items()) {
+    std::string fp = path + "." + key;
+    std::string s;
+    if (key == "prefix") {
+      get_string(v, fp, r.prefix, errors);
+    } else if (key == "upstream") {
+      get_string(v, fp, r.upstream, errors);
+    } else if (key == "resource") {
+      get_string(v, fp, r.resource, errors);
+    } else if (key == "mode") {
+      if (get_string(v, fp, s, errors)) {
+        if (auto m = parse_mode(s)) {
+          r.mode = *m;
+        } else {
+          errors.push_back(fp + ": " + mode_error(s));
+        }
+      }
+    } else if (key == "write_methods") {
+      if (!v.is_array()) {
+        errors.push_back(fp + ": must be an array of method names (got " + got(v) + ")");
+        continue;
+      }
+      r.write_methods.clear();
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (get_string(v[i], fp + "[" + std::to_string(i) + "]", s, errors)) r.write_methods.push_back(s);
+      }
+    } else if (key == "fence_reads") {
+      if (v.is_boolean()) {
+        r.fence_reads = v.get<bool>();
+      } else {
+        errors.push_back(fp + ": must be true or false (got " + got(v) + ")");
+      }
+    } else if (key == "authority") {
+      r.authority = parse_authority(v, fp, errors);
+    } else {
+      errors.push_back(fp + ": unknown key");
+    }
+  }
+  return r;
+}
+
+// Reads one "admin"/"audit" object into `c`.
+void parse_section(Config& c, const std::string& section, const json& j, std::vector<std::string>& errors) {
+  if (!j.is_object()) {
+    errors.push_back(section + ": must be an object (got " + got(j) + ")");
+    return;
+  }
+  for (const auto& [key, v] : j.items()) {
+    std::string path = section + "." + key;
+    auto f = std::find_if(std::begin(kSectionFields), std::end(kSectionFields),
+                          [&](const SectionField& sf) { return path == sf.key; });
+    if (f == std::end(kSectionFields)) {
+      errors.push_back(path + ": unknown key");
+      continue;
+    }
+    std::string text;
+    switch (f->kind) {
+      case JsonKind::string:
+        if (!get_string(v, path, text, errors)) continue;
+        break;
+      case JsonKind::integer:
+        if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<std::uint64_t>() > INT64_MAX
+                                                               : v.get<std::int64_t>() < 0)) {
+          errors.push_back(path + ": " + rows_error(got(v)));
+          continue;
+        }
+        text = got(v);
+        break;
+      case JsonKind::duration:
+        if (v.is_string()) {
+          text = v.get<std::string>();
+        } else if (v.is_number_integer() && v.get<std::int64_t>() == 0) {
+          text = "0";
+        } else {
+          errors.push_back(path + ": " + duration_error(got(v)));
+          continue;
+        }
+        break;
+    }
+    if (auto e = f->set(c, text); !e.empty()) errors.push_back(path + ": " + e);
+  }
+}
+
+// Keeps only the first error for each field path ("routes[0].prefix: ..."), so a value that is
+// both mistyped and hence missing is reported once.
+void dedupe(std::vector<std::string>& errors) {
+  std::set<std::string> seen;
+  std::vector<std::string> out;
+  for (auto& e : errors) {
+    std::string field = e.substr(0, e.find(": "));
+    if (seen.insert(field).second) out.push_back(std::move(e));
+  }
+  errors = std::move(out);
+}
+
+}  // namespace
+
+bool parse_json_into(Config& c, std::string_view text, std::string_view source,
+                     std::vector<std::string>& errors) {
+  json doc;
+  std::vector<std::string> dup_errors;
+  std::string where;  // the field being parsed
+  try {
+    doc = json::parse(text.begin(), text.end(), DuplicateKeyFinder(dup_errors, where));
+  } catch (const TooDeep&) {
+    errors.push_back(std::string(source) + ": " + (where.empty() ? std::string("the document") : where) +
+                     ": nested more than " + std::to_string(kMaxConfigDepth) +
+                     " levels deep (no setting nests more than a few)");
+    return false;
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (auto p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos) {
+      what = what.substr(p + 2);
+    }
+    errors.push_back(std::string(source) + ": invalid JSON (byte " + std::to_string(e.byte) +
+                     "): " + what);
+    return false;
+  } catch (const json::exception& e) {
+    // e.g. a number out of range (1e400): still a bad file, never a crash (a reload must survive it).
+    std::string what = e.what();
+    if (auto p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos) {
+      what = what.substr(p + 2);
+    }
+    errors.push_back(std::string(source) + ": invalid JSON" + (where.empty() ? std::string() : " in " + where) + ": " + what);
+    return false;
+  }
+  if (!doc.is_object()) {
+    errors.push_back(std::string(source) + ": must be a JSON object (got " + std::string(doc.type_name()) + ")");
+    return false;
+  }
+  errors.insert(errors.end(), dup_errors.begin(), dup_errors.end());
+
+  for (const auto& [key, v] : doc.items()) {
+    if (key == "routes") {
+      if (!v.is_array()) {
+        errors.push_back("routes: must be an array of route objects (got " + got(v) + ")");
+        continue;
+      }
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        c.routes.push_back(parse_route(v[i], "routes[" + std::to_string(i) + "]", errors));
+      }
+      continue;
+    }
+    if (std::find(std::begin(kSections), std::end(kSections), key) != std::end(kSections)) {
+      parse_section(c, key, v, errors);
+      continue;
+    }
+    auto num = std::find_if(std::begin(kNumFields), std::end(kNumFields),
+                            [&](const NumField& f) { return key == f.key; });
+    if (num != std::end(kNumFields)) {
+      std::string err;
+      if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX)) {
+        err = set_num(c, *num, v.get<std::int64_t>(), got(v));
+      } else {
+        err = range_error(*num, got(v));
+      }
+      if (!err.empty()) errors.push_back(key + ": " + err);
+      continue;
+    }
+    auto str = std::find_if(std::begin(kStrFields), std::end(kStrFields),
+                            [&](const StrField& f) { return key == f.key; });
+    if (str != std::end(kStrFields)) {
+      std::string s;
+      if (get_string(v, key, s, errors)) {
+        if (auto err = str->set(c, s); !err.empty()) errors.push_back(key + ": " + err);
+      }
+      continue;
+    }
+    errors.push_back(key + ": unknown key");
+  }
+  return true;
+}
+
+LoadResult finish(Config c, std::vector<std::string> errors) {
+  LoadResult r;
+  dedupe(errors);
+  if (errors.empty()) {
+    r.config = std::move(c);
+  } else {
+    r.errors = std::move(errors);
+  }
+  return r;
+}
+
+std::string read_file(const std::string& path, std::string& out) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return std::strerror(errno);
+  char buf[8192];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  std::string err = std::ferror(f) ? std::strerror(errno) : "";
+  std::fclose(f);
+  return err;
+}
+
+}  // namespace detail
+
+LoadResult load_json(std::string_view json_text, std::string_view source) {
+  using namespace detail;
+  Config c;
+  std::vector<std::string> errors;
+  if (parse_json_into(c, json_text, source, errors)) validate(c, errors);
+  return finish(std::move(c), std::move(errors));
+}
+
+
+}  // namespace fencegate::config

@@ -1,0 +1,247 @@
+// Checking a fully built Config: every error names the field and why, so one run shows them all
+// (validate), and what a reload may not change (reload_incompatibilities).
+#include <algorithm>
+#include <map>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "config/fields.h"
+#include "config/router.h"
+
+namespace fencegate::config {
+
+using namespace detail;
+using json = nlohmann::json;
+
+namespace {
+
+// Checks (and normalises) an authority; errors are named under `path` ("routes[0].authority").
+void check_authority(Authority& a, const std::string& path, std::vector<std::string>& errors) {
+  if (a.etcd.empty()) errors.push_back(path + ".etcd: must list at least one etcd URL");
+  std::vector<std::string> norm;
+  for (std::size_t i = 0; i < a.etcd.size(); ++i) {
+    Endpoint ep;
+    if (auto e = parse_upstream(a.etcd[i], ep); !e.empty()) {
+      errors.push_back(path + ".etcd[" + std::to_string(i) + "]: must be an etcd client URL \"http://host:port\" (got " +
+                       quote(a.etcd[i]) + ")");
+      continue;
+    }
+    std::string u = "http://" + ep.to_string();
+    if (std::find(norm.begin(), norm.end(), u) != norm.end()) {
+      errors.push_back(path + ".etcd[" + std::to_string(i) + "]: listed twice (" + quote(a.etcd[i]) + ")");
+      continue;
+    }
+    norm.push_back(std::move(u));
+  }
+  a.etcd = std::move(norm);
+  bool printable = std::all_of(a.election.begin(), a.election.end(), [](char ch) {
+    auto u = static_cast<unsigned char>(ch);
+    return u > 0x20 && u < 0x7f;
+  });
+  if (a.election.empty()) {
+    errors.push_back(path + ".election: must not be empty");
+  } else if (!printable || a.election.size() > 256) {
+    errors.push_back(path + ".election: must be 1..256 printable ASCII characters without spaces (got " +
+                     quote(a.election) + ")");
+  }
+  if (a.grace.count() < 0 || a.grace.count() > kMaxMs || (a.grace.count() > 0 && a.grace.count() < kMinGraceMs))
+    errors.push_back(path + ".grace_ms: " + grace_error(std::to_string(a.grace.count())));
+}
+
+}  // namespace
+
+void validate(Config& c, std::vector<std::string>& errors) {
+  // Port 0 is allowed for both listeners: the OS picks a free port and the process logs it.
+  if (c.listen.host.empty()) {
+    errors.push_back("listen: expected \"host:port\" (got " + quote(c.listen.to_string()) + ")");
+  }
+  if (c.admin.listen.host.empty()) {
+    errors.push_back("admin.listen: expected \"host:port\" (got " + quote(c.admin.listen.to_string()) + ")");
+  }
+  if (!c.admin.token_file.empty()) {
+    // The token itself never appears in a message.
+    std::string text;
+    c.admin.token.clear();
+    if (std::string err = read_file(c.admin.token_file, text); !err.empty()) {
+      errors.push_back("admin.token_file: cannot read " + c.admin.token_file + ": " + err);
+    } else {
+      const char* ws = " \t\r\n\f\v";
+      std::size_t b = text.find_first_not_of(ws);
+      std::size_t e = text.find_last_not_of(ws);
+      std::string token = b == std::string::npos ? std::string() : text.substr(b, e - b + 1);
+      bool clean = std::all_of(token.begin(), token.end(), [](char ch) {
+        auto u = static_cast<unsigned char>(ch);
+        return u > 0x20 && u != 0x7f;
+      });
+      if (token.empty()) {
+        errors.push_back("admin.token_file: " + c.admin.token_file + " is empty");
+      } else if (!clean) {
+        errors.push_back("admin.token_file: " + c.admin.token_file +
+                         " must hold a single token (it has whitespace or control characters inside)");
+      } else {
+        c.admin.token = std::move(token);
+      }
+    }
+  } else if (!c.admin.listen.host.empty() && c.admin.token.empty() &&
+             !is_loopback_host(c.admin.listen.host)) {
+    // (A Config built in code may set admin.token directly; the loaders only fill it from the file.)
+    errors.push_back("admin.listen: binding the admin API to a non-loopback address (" +
+                     c.admin.listen.host + ") requires admin.token_file");
+  }
+  auto wildcard = [](const std::string& h) { return h == "0.0.0.0" || h == "::" || h == "[::]"; };
+  if (!c.listen.host.empty() && c.listen.port != 0 && c.admin.listen.port == c.listen.port &&
+      (lower(c.admin.listen.host) == lower(c.listen.host) || wildcard(c.listen.host) || wildcard(c.admin.listen.host))) {
+    if (lower(c.admin.listen.host) == lower(c.listen.host))
+      errors.push_back("admin.listen: must differ from listen (both are " + quote(c.listen.to_string()) + ")");
+    else
+      errors.push_back("admin.listen: must differ from listen (" + quote(c.admin.listen.to_string()) + " and " +
+                       quote(c.listen.to_string()) + ": a wildcard address takes port " + std::to_string(c.listen.port) +
+                       " on every address)");
+  }
+  if (c.db.empty()) errors.push_back("db: must not be empty");
+  // A newline or other control character in the path (a stray "\n" from a secret or a heredoc)
+  // would open a different, empty store: every stored generation silently gone.
+  if (std::any_of(c.db.begin(), c.db.end(), [](char ch) {
+        auto u = static_cast<unsigned char>(ch);
+        return u < 0x20 || u == 0x7f;
+      })) {
+    errors.push_back("db: must not contain control characters such as a newline (got " +
+                     json(c.db).dump(-1, ' ', false, json::error_handler_t::replace) + ")");
+  }
+  if (!c.db.empty() && (c.db.front() == ' ' || c.db.back() == ' ')) {
+    errors.push_back("db: must not start or end with a space (got " + quote(c.db) + ")");
+  }
+  if (c.threads == 0) c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (const NumField& f : kNumFields) {
+    std::int64_t v = f.get(c);
+    // Unsigned fields wrap a negative input to a huge value; show what was stored.
+    if (v < f.min || v > f.max) errors.push_back(std::string(f.key) + ": " + range_error(f, std::to_string(v)));
+  }
+  if (auto e = check_header_name(c.token_header); !e.empty()) errors.push_back("token_header: " + e);
+  if (auto e = check_header_name(c.leader_header); !e.empty()) errors.push_back("leader_header: " + e);
+  if (lower(c.token_header) == lower(c.leader_header)) {
+    errors.push_back("leader_header: must differ from token_header (both are " + quote(c.leader_header) + ")");
+  }
+  if (auto e = check_log_level(c.log_level); !e.empty()) errors.push_back("log_level: " + e);
+
+  if (c.routes.empty()) errors.push_back("routes: at least one route is required");
+  std::map<std::string, std::size_t> seen;  // prefix with capture names erased -> route index
+  for (std::size_t i = 0; i < c.routes.size(); ++i) {
+    Route& r = c.routes[i];
+    std::string name = "routes[" + std::to_string(i) + "]";
+    if (r.prefix.empty()) {
+      errors.push_back(name + ".prefix: required");
+    } else if (r.prefix[0] != '/') {
+      errors.push_back(name + ".prefix: must start with \"/\" (got " + quote(r.prefix) + ")");
+    } else if (auto e = check_route_template(r); !e.empty()) {
+      errors.push_back(name + "." + e);
+    } else {
+      std::string shape;
+      for (std::size_t p = 0; p < r.prefix.size(); ++p) {
+        if (r.prefix[p] == '{') {
+          shape += "{}";
+          p = r.prefix.find('}', p);
+        } else {
+          shape += r.prefix[p];
+        }
+      }
+      auto [it, fresh] = seen.emplace(shape, i);
+      if (!fresh) {
+        errors.push_back(name + ".prefix: same as routes[" + std::to_string(it->second) +
+                         "].prefix (" + quote(c.routes[it->second].prefix) + ")");
+      }
+    }
+    if (r.upstream.empty()) {
+      errors.push_back(name + ".upstream: required");
+    } else if (auto e = parse_upstream(r.upstream, r.upstream_addr); !e.empty()) {
+      errors.push_back(name + ".upstream: " + e);
+    }
+    if (r.write_methods.empty()) {
+      errors.push_back(name + ".write_methods: must list at least one method");
+    }
+    for (std::size_t m = 0; m < r.write_methods.size(); ++m) {
+      if (!is_upper_method(r.write_methods[m])) {
+        errors.push_back(name + ".write_methods[" + std::to_string(m) +
+                         "]: must be an upper-case HTTP method such as \"POST\" (got " +
+                         quote(r.write_methods[m]) + ")");
+      }
+    }
+    if (r.authority) check_authority(*r.authority, name + ".authority", errors);
+  }
+  // A resource has one mode and one authority. If an observe route can name a resource an
+  // enforce route fences, the observe route forwards the stale writes the enforce route
+  // refuses, to the same resource. If routes with different authorities (or one with none) can
+  // name it, a token valid on one route advances the fence past the other election's leader: a
+  // forged 2^63-1 through a plain route locks an election's resource for good. (Off routes
+  // never touch the fence: their resource name is unused.)
+  auto authority_of = [](const Route& r) {
+    if (!r.authority) return std::string("no election");
+    std::string etcd;
+    for (const auto& e : r.authority->etcd) etcd += (etcd.empty() ? "" : ",") + e;
+    return "election " + quote(r.authority->election) + " at " + etcd;
+  };
+  for (std::size_t j = 0; j < c.routes.size(); ++j) {
+    const Route& rj = c.routes[j];
+    if (rj.mode == Mode::off || !check_route_template(rj).empty()) continue;
+    for (std::size_t i = 0; i < j; ++i) {
+      const Route& ri = c.routes[i];
+      if (ri.mode == Mode::off || !check_route_template(ri).empty()) continue;
+      // The same election through the same endpoints is one authority, whatever the order of the
+      // endpoints or the grace.
+      auto endpoints = [](const Route& r) { return std::set<std::string>(r.authority->etcd.begin(), r.authority->etcd.end()); };
+      const bool same_authority =
+          ri.authority ? (rj.authority && ri.authority->election == rj.authority->election && endpoints(ri) == endpoints(rj))
+                       : !rj.authority;
+      if ((ri.mode == rj.mode && same_authority) || !resource_templates_overlap(ri.resource, rj.resource)) continue;
+      // "/tenants/{t}/" -> "tenant-{t}" beside "/tenants/acme/" -> "tenant-acme": every path that
+      // would give the template route that name goes to the literal one (one tenant migrated to
+      // enforce, or to its own election, ahead of the others).
+      if (literal_route_takes_resource(ri, rj) || literal_route_takes_resource(rj, ri)) continue;
+      const std::string both = "its resource " + quote(rj.resource) + " can be the resource " + quote(ri.resource) +
+                               " of routes[" + std::to_string(i) + "] (" + quote(ri.prefix) + ")";
+      if (ri.mode != rj.mode)
+        errors.push_back("routes[" + std::to_string(j) + "].mode: " + std::string(to_string(rj.mode)) + ", but " + both +
+                         ", which is " + std::string(to_string(ri.mode)) +
+                         "d; a resource is fenced in one mode: give both routes the same mode, or different resources");
+      else
+        errors.push_back("routes[" + std::to_string(j) + "].authority: " + authority_of(rj) + ", but " + both +
+                         ", fenced under " + authority_of(ri) +
+                         "; a resource has one authority: give both routes the same one, or different resources");
+      break;
+    }
+  }
+}
+
+
+std::vector<std::string> reload_incompatibilities(const Config& current, const Config& next) {
+  std::vector<std::string> errors;
+  auto check = [&](const char* field, const std::string& a, const std::string& b) {
+    if (a != b) errors.push_back(std::string(field) + ": changing it needs a restart (" + a + " -> " + b + ")");
+  };
+  check("listen", current.listen.to_string(), next.listen.to_string());
+  check("db", current.db, next.db);
+  check("threads", std::to_string(current.threads), std::to_string(next.threads));
+  check("admin.listen", current.admin.listen.to_string(), next.admin.listen.to_string());
+  // Authorities run their own etcd watches, started with the process: which routes have which
+  // authority may not change on reload (routes without one may come and go).
+  auto authorities = [](const Config& c) {
+    std::map<std::string, std::string> m;  // route prefix -> authority id
+    for (const auto& r : c.routes)
+      if (r.authority) m[r.prefix] = r.authority->id();
+    return m;
+  };
+  auto a = authorities(current), b = authorities(next);
+  for (const auto& [prefix, id] : a) {
+    auto it = b.find(prefix);
+    check(("routes[prefix " + quote(prefix) + "].authority").c_str(), id, it == b.end() ? "none" : it->second);
+  }
+  for (const auto& [prefix, id] : b)
+    if (!a.count(prefix)) check(("routes[prefix " + quote(prefix) + "].authority").c_str(), "none", id);
+  return errors;
+}
+
+
+}  // namespace fencegate::config

@@ -1,0 +1,403 @@
+// The elector behind `fencegate elect`: one term per loop iteration, lease -> campaign -> barrier
+// -> command -> supervise (see elector.h).
+#include "election_client/elector.h"
+
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string_view>
+
+#include "election_client/elect_signals.h"
+#include "election_client/etcd_client.h"
+#include "election_client/fence_barrier.h"
+#include "election_client/guardian.h"
+#include "election_client/key_guard.h"
+#include "election_client/lease_keeper.h"
+#include "election_client/log.h"
+
+extern char** environ;
+
+namespace fencegate::election {
+
+namespace {
+
+using namespace std::chrono_literals;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+std::vector<std::string> child_env(const ElectOptions& f, std::int64_t token) {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view v(*e);
+    if (v.rfind("FENCING_TOKEN=", 0) == 0 || v.rfind("FENCING_ELECTION=", 0) == 0 ||
+        v.rfind("FENCING_LEADER_ID=", 0) == 0)
+      continue;
+    env.emplace_back(v);
+  }
+  env.push_back("FENCING_TOKEN=" + std::to_string(token));
+  env.push_back("FENCING_ELECTION=" + f.election);
+  env.push_back("FENCING_LEADER_ID=" + f.id);
+  return env;
+}
+
+class Elect {
+ public:
+  explicit Elect(ElectOptions f) : f_(std::move(f)), client_(client_options()) {}
+
+  int run();
+
+ private:
+  ClientOptions client_options() const {
+    ClientOptions o;
+    o.endpoints = f_.etcd;
+    o.request_timeout = 5000ms;
+    o.connect_timeout = 1000ms;
+    return o;
+  }
+  // Best effort: resign (if leading) and revoke the lease, each bounded.
+  void give_up(LeaseKeeper& keeper, const std::optional<LeaderKey>& leader);
+  // Stops the command's process group: SIGTERM (or `first`), SIGKILL after the grace period, or
+  // at `kill_by` if that comes first. Returns the command's wait status.
+  int stop_command(pid_t pid, int first, bool* reaped_status_valid,
+                   Clock::time_point kill_by = Clock::time_point::max());
+
+  // What supervise() saw: the command's wait status; whether leadership was lost meanwhile.
+  struct Supervised {
+    int wstatus = 0;
+    bool lost = false;
+  };
+  Supervised supervise(pid_t pid, std::int64_t token, const LeaderKey& lk, LeaseKeeper& keeper, KeyGuard& guard,
+                       Guardian& guardian);
+
+  // Revokes the leases whose revoke failed before (etcd was down): their keys would otherwise wait
+  // in the election as zombies, and lead for up to a TTL with no process behind them.
+  void revoke_leftovers();
+
+  // Constant after construction
+  ElectOptions f_;  // fence_token changes when its file is re-read (each term)
+  Client client_;
+  std::vector<std::int64_t> leftover_leases_;  // revoke failed; tried again before each campaign
+};
+
+void Elect::give_up(LeaseKeeper& keeper, const std::optional<LeaderKey>& leader) {
+  if (leader) {
+    Status st = client_.resign(*leader, 2000ms);
+    if (st.ok()) log::info("resigned", {log::kv("token", leader->rev)});
+    else log::warn("resign failed (the lease will expire)", {log::kv("error", st.to_string())});
+  }
+  Status st = keeper.revoke(2000ms);
+  if (!st.ok()) {
+    log::warn("lease revoke failed (tried again before the next campaign; else it expires)",
+              {log::kv("lease", keeper.lease_id()), log::kv("error", st.to_string())});
+    if (keeper.lease_id() != 0) leftover_leases_.push_back(keeper.lease_id());
+  }
+}
+
+void Elect::revoke_leftovers() {
+  std::vector<std::int64_t> still;
+  for (std::int64_t id : leftover_leases_) {
+    Status st = client_.revoke(id, 2000ms);
+    // A lease etcd no longer has (expired, or forgotten by a restore) is gone as well.
+    if (st.ok() || st.to_string().find("not found") != std::string::npos) {
+      log::info("revoked a lease left over from an earlier campaign", {log::kv("lease", id)});
+    } else {
+      still.push_back(id);
+    }
+  }
+  leftover_leases_.swap(still);
+}
+
+int Elect::stop_command(pid_t pid, int first, bool* have_status, Clock::time_point kill_by) {
+  kill(-pid, first);
+  const auto kill_at = std::min(Clock::now() + milliseconds(f_.grace_ms), kill_by);
+  bool killed = false;
+  int wstatus = 0;
+  *have_status = false;
+  for (;;) {
+    if (reap_command(pid, &wstatus)) {
+      *have_status = true;
+      break;
+    }
+    if (!killed && Clock::now() >= kill_at) {
+      log::warn("command still running after the grace period: SIGKILL", {log::kv("pid", pid), log::kv("grace_ms", f_.grace_ms)});
+      kill(-pid, SIGKILL);
+      killed = true;
+    }
+    wait_signal(20ms);  // SIGCHLD wakes us early; a second SIGTERM/SIGINT is absorbed here
+  }
+  return wstatus;
+}
+
+// Runs while the command does: passes signals on, and stops it when leadership is lost (the
+// lease not valid, or the leader key gone). Returns its wait status and whether leadership was
+// lost while it ran.
+Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, const LeaderKey& lk, LeaseKeeper& keeper,
+                                   KeyGuard& guard, Guardian& guardian) {
+  Supervised out;
+  int& wstatus = out.wstatus;
+  bool& lost = out.lost;
+  bool exited = false;
+  int forwarded = 0;
+  Clock::time_point kill_at{};
+  while (!exited) {
+    int sig = wait_signal(50ms);
+    if (reap_command(pid, &wstatus)) {
+      exited = true;
+      if (!keeper.valid()) {
+        // Its guardian killed it at the lease's earliest expiry, while elect was not running.
+        log::error("leadership lost: the lease ran out while elect was stopped; the command was killed at its expiry",
+                   {log::kv("token", token), log::kv("pid", pid), log::kv("status", exit_code_of(wstatus))});
+        lost = true;
+      }
+      break;
+    }
+    if (keeper.valid()) extend_guardian(guardian, keeper.deadline() + keeper.margin());
+    if (!keeper.valid()) {
+      log::error("leadership lost: stopping the command",
+                 {log::kv("state", LeaseKeeper::to_string(keeper.state())), log::kv("token", token), log::kv("pid", pid),
+                  log::kv("late_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - keeper.deadline()).count())});
+      // etcd may expire the lease (and elect the next leader) from deadline + margin on: the
+      // command gets SIGKILL by then if --grace-ms would run past it, so that it never runs on
+      // while a successor leads.
+      const auto expiry = keeper.deadline() + keeper.margin();
+      if (Clock::now() + milliseconds(f_.grace_ms) > expiry)
+        log::warn("the grace period is cut to the lease's earliest expiry",
+                  {log::kv("grace_ms", f_.grace_ms),
+                   log::kv("left_ms", std::max<std::int64_t>(
+                                          0, std::chrono::duration_cast<milliseconds>(expiry - Clock::now()).count()))});
+      bool have = false;
+      wstatus = stop_command(pid, SIGTERM, &have, expiry);
+      lost = true;
+      break;
+    }
+    // After the lease (a paused elect sees its deadline passed first, whatever the watch says).
+    if (guard.gone()) {
+      log::error("leadership lost: the leader key was deleted; stopping the command",
+                 {log::kv("key", lk.key), log::kv("token", token), log::kv("pid", pid)});
+      // The lease still lives, but the term is over: the guardian's SIGKILL moves to the end of
+      // the grace (so it holds even if elect stops now), not the lease's expiry.
+      set_guardian(guardian, Clock::now() + milliseconds(f_.grace_ms));
+      bool have = false;
+      wstatus = stop_command(pid, SIGTERM, &have);
+      lost = true;
+      break;
+    }
+    if (sig == SIGUSR1 || sig == SIGUSR2) kill(-pid, sig);  // the command's own business
+    if (is_stop_signal(sig)) {
+      // SIGHUP and SIGQUIT stop the command as SIGTERM does (to a daemon SIGHUP may mean
+      // "reload", which would not stop it before the SIGKILL).
+      const int pass = sig == SIGHUP || sig == SIGQUIT ? SIGTERM : sig;
+      if (!forwarded) {
+        log::info("passing the signal to the command", {log::kv("signal", sig), log::kv("sent", pass), log::kv("pid", pid)});
+        forwarded = pass;
+        kill_at = Clock::now() + milliseconds(f_.grace_ms);
+      }
+      kill(-pid, pass);
+    }
+    if (forwarded && Clock::now() >= kill_at) {
+      log::warn("command still running after the grace period: SIGKILL", {log::kv("pid", pid)});
+      kill(-pid, SIGKILL);
+      kill_at = Clock::time_point::max();
+    }
+  }
+  return out;
+}
+
+int Elect::run() {
+  bool first_term = true;
+  milliseconds backoff = 500ms;
+  for (;;) {
+    // --- 1. Lease.
+    LeaseKeeper::Options ko;
+    ko.client = client_options();
+    ko.ttl_seconds = f_.ttl;
+    auto keeper = std::make_unique<LeaseKeeper>(ko, [](LeaseKeeper::State s, const std::string& why) {
+      if (s == LeaseKeeper::State::active) log::info("lease renewed after jeopardy", {log::kv("why", why)});
+      else log::warn("lease state", {log::kv("state", LeaseKeeper::to_string(s)), log::kv("why", why)});
+    });
+    Status st;
+    Waited w = run_watched([&](const std::atomic<bool>&) { st = keeper->start(); }, nullptr);
+    if (w.why == Interrupt::signal) {
+      if (st.ok()) keeper->revoke(2000ms);
+      return 128 + w.sig;
+    }
+    if (!st.ok()) {
+      log::error("could not grant a lease", {log::kv("etcd", f_.etcd.front()), log::kv("error", st.to_string())});
+      if (first_term) return kExitUnavailable;
+      if (int sig = sleep_watching(backoff)) return 128 + sig;
+      backoff = std::min(backoff * 2, milliseconds(5000));
+      continue;
+    }
+    first_term = false;
+    const std::int64_t lease = keeper->lease_id();
+    log::info("lease granted", {log::kv("lease", lease), log::kv("ttl_s", keeper->ttl_seconds()),
+                                log::kv("margin_ms", keeper->margin().count()),
+                                log::kv("renew_every_ms", keeper->renew_every().count())});
+
+    // --- 2. Campaign (blocks until elected).
+    revoke_leftovers();
+    log::info("campaigning", {log::kv("election", f_.election), log::kv("id", f_.id)});
+    LeaderKey lk;
+    Status cst;
+    for (;;) {
+      w = run_watched([&](const std::atomic<bool>& cancel) { cst = client_.campaign(f_.election, lease, f_.id, &lk, &cancel); },
+                      keeper.get());
+      // A campaign cut off (etcd restarted, a broken connection) while the lease is still valid
+      // campaigns again with it: etcd takes up the lease's key where it is in line. A new lease
+      // would queue a second key behind the first, which leads with no process behind it.
+      if (w.why == Interrupt::none && !cst.ok() && keeper->valid()) {
+        log::warn("campaign interrupted; campaigning again with the same lease", {log::kv("error", cst.to_string())});
+        if (int sig = sleep_watching(backoff)) {
+          give_up(*keeper, std::nullopt);
+          return 128 + sig;
+        }
+        backoff = std::min(backoff * 2, milliseconds(5000));
+        continue;
+      }
+      break;
+    }
+    if (w.why == Interrupt::signal) {
+      log::info("signal while campaigning: giving up", {log::kv("signal", w.sig)});
+      give_up(*keeper, std::nullopt);
+      return 128 + w.sig;
+    }
+    if (w.why == Interrupt::lease || !cst.ok()) {
+      log::warn("campaign ended without leadership; starting over",
+                {log::kv("error", w.why == Interrupt::lease ? std::string("lease not valid") : cst.to_string())});
+      give_up(*keeper, std::nullopt);
+      if (int sig = sleep_watching(backoff)) return 128 + sig;
+      backoff = std::min(backoff * 2, milliseconds(5000));
+      continue;
+    }
+    // Belt and braces: the leader key is ours and the token is its creation revision.
+    KeyValue cur;
+    Status lst = client_.leader(f_.election, &cur);
+    if (!lst.ok() || cur.key != lk.key || cur.create_revision != lk.rev || !keeper->valid()) {
+      log::warn("elected, but the leader key is not ours any more; starting over",
+                {log::kv("error", lst.ok() ? std::string("leader key ") + cur.key + " rev " + std::to_string(cur.create_revision)
+                                           : lst.to_string())});
+      give_up(*keeper, lk);
+      if (int sig = sleep_watching(backoff)) return 128 + sig;
+      continue;
+    }
+    backoff = 500ms;
+    const std::int64_t token = lk.rev;
+    log::info("elected", {log::kv("election", f_.election), log::kv("id", f_.id), log::kv("token", token),
+                          log::kv("key", lk.key), log::kv("lease", lease)});
+    KeyGuard guard(client_options(), client_, lk, std::min<milliseconds>(1000ms, milliseconds(f_.ttl * 1000 / 3)));
+
+    // --- 3. Activation barrier: every fence has durably advanced to `token`.
+    if (!f_.fence_token_file.empty()) {  // rotated since the last term? (kept if unreadable now)
+      if (std::string t = read_token_file(f_.fence_token_file); !t.empty() && t != f_.fence_token) {
+        f_.fence_token = std::move(t);
+        log::info("re-read the fence token file: the token changed", {log::kv("file", f_.fence_token_file)});
+      }
+    }
+    const FenceBarrierOptions barrier{f_.id, f_.fence_token, f_.fence_timeout_ms};
+    FenceResult fr = FenceResult::ok;
+    w = run_watched(
+        [&](const std::atomic<bool>& cancel) {
+          for (std::size_t i = 0; i < f_.fences.size() && fr == FenceResult::ok; ++i)
+            fr = fence_one(barrier, f_.fences[i], f_.fence_urls[i], token, cancel);
+        },
+        keeper.get());
+    if (w.why == Interrupt::signal) {
+      give_up(*keeper, lk);
+      return 128 + w.sig;
+    }
+    if (w.why == Interrupt::lease || !keeper->valid()) {
+      log::warn("lease not valid before the command started; starting over");
+      give_up(*keeper, lk);
+      continue;
+    }
+    if (fr != FenceResult::ok) {
+      give_up(*keeper, lk);
+      if (!f_.recampaign) {
+        log::error("activation barrier failed: not starting the command", {log::kv("exit_code", kExitFenceFailed)});
+        return kExitFenceFailed;
+      }
+      log::warn("activation barrier failed: campaigning again");
+      if (int sig = sleep_watching(2000ms)) return 128 + sig;
+      continue;
+    }
+
+    // --- 4. Run the command while the lease is valid and the leader key is ours.
+    if (guard.gone()) {
+      log::warn("the leader key was deleted before the command started; starting over", {log::kv("key", lk.key)});
+      give_up(*keeper, std::nullopt);
+      continue;
+    }
+    if (!keeper->valid()) {
+      give_up(*keeper, lk);
+      continue;
+    }
+    Guardian guardian;
+    pid_t pid = spawn(f_.command, child_env(f_, token), keeper->deadline() + keeper->margin(), &guardian);
+    if (pid < 0) {
+      log::error("could not start the command",
+                 {log::kv("command", f_.command.front()), log::kv("error", std::strerror(errno))});
+      give_up(*keeper, lk);
+      return kExitUnavailable;
+    }
+    log::info("command started", {log::kv("pid", pid), log::kv("token", token), log::kv("command", f_.command.front())});
+    if (guardian.pid < 0) log::warn("could not start the command's guardian: if elect is killed, the command's children may outlive it");
+    const Supervised ended = supervise(pid, token, lk, *keeper, guard, guardian);
+    const int wstatus = ended.wstatus;
+    const bool lost = ended.lost;
+    release_guardian(guardian);  // the command is reaped and its group killed
+
+    // --- 5. Resign and revoke.
+    if (lost) {
+      log::info("command stopped", {log::kv("pid", pid), log::kv("status", exit_code_of(wstatus))});
+      give_up(*keeper, lk);
+      if (f_.recampaign) {
+        log::info("campaigning again (--recampaign)");
+        if (int sig = sleep_watching(500ms)) return 128 + sig;
+        continue;
+      }
+      log::error("exiting: leadership lost", {log::kv("exit_code", kExitLeadershipLost)});
+      return kExitLeadershipLost;
+    }
+    const int code = exit_code_of(wstatus);
+    log::info("command exited", {log::kv("pid", pid), log::kv("exit_code", code)});
+    give_up(*keeper, lk);
+    return code;
+  }
+}
+
+}  // namespace
+
+// A token file's token (surrounding whitespace trimmed); "" if it cannot be read or is empty.
+std::string read_token_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string t = ss.str();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(0, 1);
+  return in ? t : std::string();
+}
+
+std::string default_id() {
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
+  return std::string(host) + ":" + std::to_string(getpid());
+}
+
+int run_elect(ElectOptions options) {
+  install_elect_signals();
+  return Elect(std::move(options)).run();
+}
+
+}  // namespace fencegate::election

@@ -1,0 +1,248 @@
+// The elected command's process and its guardian (see guardian.h): fork/exec in its own process
+// group behind a start barrier, the guardian process that kills the group when elect dies or its
+// lease's earliest expiry passes, and reaping.
+#include "election_client/guardian.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+
+#include "election_client/elect_signals.h"
+
+extern char** environ;
+
+namespace fencegate::election {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Descriptors from 3 on that elect itself was started with (`3<file`, `<(...)`, socket
+// activation): they are the user's, for the command. Taken at start, before elect opens any.
+std::vector<int>& inherited_fds() {
+  static std::vector<int> fds;
+  return fds;
+}
+
+// Marks every descriptor from 3 on close-on-exec, but those elect was given (async-signal-safe):
+// the command must not inherit elect's etcd connections.
+void cloexec_from_3() {
+  if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+    struct rlimit rl {};
+    const rlim_t top = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 65536;
+    for (rlim_t fd = 3; fd < std::min<rlim_t>(top, 1 << 20); ++fd) fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  }
+  for (int fd : inherited_fds()) fcntl(fd, F_SETFD, 0);
+}
+
+constexpr std::int64_t kGuardianDone = -1;
+
+std::int64_t steady_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+Guardian start_guardian(pid_t group, Clock::time_point expiry) {
+  Guardian g;
+  int life[2];
+  if (pipe2(life, O_CLOEXEC) != 0) return g;
+  const std::int64_t first = steady_ns(expiry);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(life[0]);
+    close(life[1]);
+    return g;
+  }
+  if (pid == 0) {
+    // Only async-signal-safe calls from here on.
+    close(life[1]);
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_SETMASK, &all, nullptr);  // ends only through the pipe, its deadline (or SIGKILL)
+    setpgid(0, 0);  // a SIGSTOP sent to elect's process group does not stop it
+    if (life[0] != 3) {
+      dup2(life[0], 3);
+      close(life[0]);
+    }
+    ::close_range(4, ~0U, 0);
+    std::int64_t expiry_ns = first;
+    for (;;) {
+      struct timespec now {};
+      clock_gettime(CLOCK_MONOTONIC, &now);  // std::chrono::steady_clock's clock
+      const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+      if (now_ns >= expiry_ns) break;
+      const std::int64_t left_ms = (expiry_ns - now_ns + 999999) / 1000000;
+      struct pollfd pfd {3, POLLIN, 0};
+      const int r = poll(&pfd, 1, static_cast<int>(std::min<std::int64_t>(left_ms, 60000)));
+      if (r < 0 && errno != EINTR) break;
+      if (r <= 0) continue;
+      std::int64_t msg = 0;
+      ssize_t n;
+      do n = read(3, &msg, sizeof msg);
+      while (n < 0 && errno == EINTR);
+      if (n == static_cast<ssize_t>(sizeof msg) && msg == kGuardianDone) _exit(0);
+      if (n != static_cast<ssize_t>(sizeof msg)) break;  // EOF: elect is gone
+      expiry_ns = msg;
+    }
+    kill(-group, SIGKILL);
+    _exit(0);
+  }
+  close(life[0]);
+  fcntl(life[1], F_SETFL, fcntl(life[1], F_GETFL) | O_NONBLOCK);
+  g.pid = pid;
+  g.fd = life[1];
+  g.sent = first;
+  return g;
+}
+
+}  // namespace
+
+void note_inherited_fds() {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return;
+  const int own = dirfd(d);
+  while (dirent* e = readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end && *end == '\0' && e->d_name[0] != '\0' && fd >= 3 && fd != own) inherited_fds().push_back(static_cast<int>(fd));
+  }
+  closedir(d);
+}
+
+bool reap_command(pid_t pid, int* wstatus) {
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) return errno == ECHILD;
+  if (info.si_pid != pid) return false;
+  kill(-pid, SIGKILL);  // leftovers of the group lose their authority with the command
+  while (waitpid(pid, wstatus, 0) < 0 && errno == EINTR) {
+  }
+  return true;
+}
+
+int exit_code_of(int wstatus) {
+  if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
+  if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
+  return 1;
+}
+
+// Sets the moment the guardian kills the command's group, earlier or later than before. The
+// write end is non-blocking: a guardian that does not read (stopped) never holds elect up; the
+// next call sends the moment again.
+void set_guardian(Guardian& g, Clock::time_point at) {
+  const std::int64_t ns = steady_ns(at);
+  if (g.fd >= 0 && write(g.fd, &ns, sizeof ns) == static_cast<ssize_t>(sizeof ns)) g.sent = ns;
+}
+
+// Tells the guardian the lease's new earliest expiry (after a renewal).
+void extend_guardian(Guardian& g, Clock::time_point expiry) {
+  if (steady_ns(expiry) > g.sent) set_guardian(g, expiry);
+}
+
+void release_guardian(Guardian& g) {
+  if (g.fd >= 0) {
+    [[maybe_unused]] auto n = write(g.fd, &kGuardianDone, sizeof kGuardianDone);
+    close(g.fd);
+    g.fd = -1;
+  }
+  if (g.pid > 0) {
+    while (waitpid(g.pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    g.pid = -1;
+  }
+}
+
+// Starts the command in its own process group with `env`, and its guardian (`*guardian`; pid -1
+// if it could not be started). Returns the command's pid, or -1 (errno set; no guardian then).
+// The child waits for a byte on the `go` pipe before it execs: the guardian exists before the
+// command can fork anything, so a SIGKILL of elect at any moment leaves no child of the command
+// running. If elect dies before the byte, the child reads EOF and exits without exec.
+pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env, Clock::time_point expiry,
+            Guardian* guardian) {
+  // Everything the child needs is built before fork(): after it, only async-signal-safe calls.
+  std::vector<char*> argv;
+  for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  // exec's errno comes back through a close-on-exec pipe: EOF means the exec worked.
+  int report[2], go[2];
+  if (pipe2(report, O_CLOEXEC) != 0) return -1;
+  if (pipe2(go, O_CLOEXEC) != 0) {
+    const int e = errno;
+    close(report[0]);
+    close(report[1]);
+    errno = e;
+    return -1;
+  }
+  const pid_t parent = getpid();
+  const bool keep_hup_ignored = hup_ignored();
+  pid_t pid = fork();
+  if (pid < 0) {
+    const int e = errno;
+    for (int fd : {report[0], report[1], go[0], go[1]}) close(fd);
+    errno = e;
+    return -1;
+  }
+  if (pid == 0) {
+    close(report[0]);
+    close(go[1]);
+    setpgid(0, 0);
+    // If elect dies (even by SIGKILL), the command must not keep running on its authority.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    char c = 0;
+    ssize_t g;
+    do g = read(go[0], &c, 1);
+    while (g < 0 && errno == EINTR);
+    if (g != 1) _exit(127);  // elect is gone (or failed) before the guardian was in place
+    cloexec_from_3();
+    // Default dispositions for what elect passes on: a launcher's SIG_IGN (a shell starts
+    // background jobs with SIGINT and SIGQUIT ignored) would make the command deaf to them.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig : {SIGPIPE, SIGINT, SIGTERM, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaction(sig, &dfl, nullptr);
+    if (!keep_hup_ignored) sigaction(SIGHUP, &dfl, nullptr);  // under nohup the command ignores hangups too
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    environ = envp.data();
+    execvp(argv[0], argv.data());
+    const int e = errno;
+    [[maybe_unused]] auto n = write(report[1], &e, sizeof e);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also in the parent: no race with the signals we may send at once
+  close(report[1]);
+  close(go[0]);
+  *guardian = start_guardian(pid, expiry);
+  {
+    [[maybe_unused]] auto w = write(go[1], "g", 1);
+  }
+  close(go[1]);
+  int child_errno = 0;
+  ssize_t n;
+  do n = read(report[0], &child_errno, sizeof child_errno);
+  while (n < 0 && errno == EINTR);
+  close(report[0]);
+  if (n == static_cast<ssize_t>(sizeof child_errno)) {  // the exec failed: the child is gone
+    waitpid(pid, nullptr, 0);
+    release_guardian(*guardian);
+    errno = child_errno;
+    return -1;
+  }
+  return pid;
+}
+
+}  // namespace fencegate::election

@@ -1,0 +1,67 @@
+// The elected command's process and its guardian: `fencegate elect` starts the command in its own
+// process group with the fencing token in its environment, and a guardian process that kills
+// that whole group when elect dies (however it dies) or when the lease's earliest expiry passes
+// while elect cannot act (stopped). Also: which descriptors the command inherits, and reaping.
+//
+// Thread-safety: meant for elect's main thread (fork() from a process with helper threads; only
+// async-signal-safe calls run in the children).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fencegate::election {
+
+// Notes the descriptors from 3 on that elect was started with (`3<file`, `<(...)`, socket
+// activation): they are the user's and the command inherits them; every other descriptor is
+// closed on exec. REQUIRES: called at start, before elect opens any descriptor.
+void note_inherited_fds();
+
+// The guardian of one command: a small process that outlives elect. The parent-death signal
+// (PR_SET_PDEATHSIG) reaches only the command itself; its children would run on after a
+// SIGKILL of elect, with the token. The guardian holds the read end of a pipe whose write end
+// only elect holds: when elect dies, however it dies, the guardian reads EOF and kills the
+// command's whole process group. It also holds the lease's earliest expiry on etcd, which elect
+// sends it after each renewal: an elect that does not run (SIGSTOP, a Ctrl-Z, a stalled VM
+// thread) cannot stop its command when its lease runs out, so the guardian kills the group at
+// that moment, before etcd can elect a successor. When elect is done with the command (reaped,
+// group killed), it says so first and the guardian just exits. Messages are 8-byte integers
+// (atomic on a pipe): a steady-clock expiry in nanoseconds, or kGuardianDone.
+struct Guardian {
+  pid_t pid = -1;
+  int fd = -1;  // write end
+  std::int64_t sent = 0;  // the last expiry sent
+};
+
+// Starts the command in its own process group with `env`, and its guardian (`*guardian`; pid -1
+// if it could not be started). Returns the command's pid, or -1 (errno set; no guardian then).
+// The child waits for a byte on the `go` pipe before it execs: the guardian exists before the
+// command can fork anything, so a SIGKILL of elect at any moment leaves no child of the command
+// running. If elect dies before the byte, the child reads EOF and exits without exec.
+pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env,
+            std::chrono::steady_clock::time_point expiry, Guardian* guardian);
+
+// Sets the moment the guardian kills the command's group, earlier or later than before. The
+// write end is non-blocking: a guardian that does not read (stopped) never holds elect up; the
+// next call sends the moment again.
+void set_guardian(Guardian& g, std::chrono::steady_clock::time_point at);
+
+// Tells the guardian the lease's new earliest expiry (after a renewal).
+void extend_guardian(Guardian& g, std::chrono::steady_clock::time_point expiry);
+
+// Tells the guardian the command is done with (reaped, its group killed): it exits; reaps it.
+void release_guardian(Guardian& g);
+
+// Returns true iff the command has exited (or is gone); then SIGKILLs what is left of its
+// process group -- while the group id cannot have been reused, since the leader is not reaped
+// yet -- reaps it and sets *wstatus.
+bool reap_command(pid_t pid, int* wstatus);
+
+// The exit code a wait status stands for: the exit status, or 128+N if killed by signal N.
+int exit_code_of(int wstatus);
+
+}  // namespace fencegate::election
