@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/log.h"
 #include "config/router.h"
 
 namespace fencegate::config {
@@ -189,7 +190,7 @@ std::string set_num_text(Config& c, const NumField& f, std::string_view text) {
 }
 
 std::string check_log_level(std::string_view s) {
-  if (s == "debug" || s == "info" || s == "warn" || s == "error") return {};
+  if (log::Level level; log::parse_level(s, &level)) return {};
   return "must be one of debug, info, warn, error (got " + quote(s) + ")";
 }
 

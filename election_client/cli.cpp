@@ -48,7 +48,7 @@
 #include "election_client/etcd_client.h"
 #include "election_client/http_conn.h"
 #include "election_client/lease_keeper.h"
-#include "election_client/log.h"
+#include "common/log.h"
 #include "election_client/watch.h"
 
 extern char** environ;
