@@ -174,9 +174,9 @@ AuthorityCheck Authority::check(std::int64_t g) const {
   return c;
 }
 
-Authority::Status Authority::status() const {
+Authority::Health Authority::health() const {
   std::lock_guard lk(mu_);
-  Status s;
+  Health s;
   s.synced = view_.synced();
   s.leader = view_.leader_revision();
   s.leader_lease = view_.leader_lease();
@@ -382,7 +382,7 @@ void Authority::loop() {
     }
     fetch_ttl();
 
-    Status s = status();
+    Health s = health();
     if (s.available != was_available) {
       if (s.available)
         log::info("authority: etcd reachable", {log::kv("election", cfg_.election), log::kv("leader", s.leader)});
