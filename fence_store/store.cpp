@@ -1,6 +1,7 @@
 // fence_store implementation: SQLite (WAL, synchronous=FULL), one writer thread with group commit,
 // a separate read connection for queries, flock-based ownership.
 #include "fence_store/store.h"
+#include "fence_store/store_testing.h"
 
 #include <fcntl.h>
 #include <sqlite3.h>
@@ -326,7 +327,7 @@ class Reader {
 
 // ---- The owning store: lock file, writer thread, reader. ----
 
-class OwnedStore final : public Store {
+class OwnedStore final : public TestableStore {
  public:
   OwnedStore(std::string path, int lock_fd, int db_lock_fd, sqlite3* wdb, sqlite3* rdb)
       : path_(std::move(path)),
@@ -845,7 +846,6 @@ class ReadOnlyStore final : public Store {
   void set_retention(std::int64_t, std::uint64_t) override {}
   void set_commit_observer(CommitObserver) override {}
   std::size_t queue_depth() const override { return 0; }
-  void inject_commit_failure(bool) override {}
 
  private:
   void refuse(const Done& done) {
@@ -1070,6 +1070,11 @@ std::unique_ptr<Store> Store::open(const std::string& given, std::string* error)
     return nullptr;
   }
   return store;
+}
+
+std::unique_ptr<TestableStore> open_testable(const std::string& path, std::string* error) {
+  // Store::open's store is always an OwnedStore.
+  return std::unique_ptr<TestableStore>(static_cast<OwnedStore*>(Store::open(path, error).release()));
 }
 
 std::unique_ptr<Store> Store::open_readonly(const std::string& path, std::string* error, bool snapshot_ok) {
