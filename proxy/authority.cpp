@@ -1,3 +1,5 @@
+// Authority-linked fencing (see authority.h): the watch of the election's keys, the resync and lease
+// TTL reads, and the check of a presented generation against the leader etcd shows.
 #include "proxy/authority.h"
 
 #include <algorithm>
@@ -6,8 +8,8 @@
 #include "election_client/base64.h"
 #include "election_client/etcd_json.h"
 
+#include "common/log.h"
 #include "proxy/fence.h"
-#include "proxy/log.h"
 #include "proxy/runtime.h"
 
 namespace fencegate::proxy {
