@@ -3,6 +3,8 @@
 #include "common/json.h"
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 
 namespace fencegate::json {
 
@@ -49,6 +51,19 @@ std::size_t utf8_sequence(std::string_view s, std::size_t i, std::size_t* bad) {
   return len;
 }
 
+// Returns true iff none of the eight bytes at p needs a look of its own: no byte below 0x20, none
+// >= 0x80, no '"' and no '\\' (SWAR: a byte below n sets its high bit in x - n*0x01..., and so
+// does a zero byte of x ^ c*0x01... for a byte equal to c). Log lines are mostly such blocks.
+inline bool plain_block(const char* p) {
+  constexpr std::uint64_t kOnes = 0x0101010101010101ULL, kHigh = 0x8080808080808080ULL;
+  std::uint64_t x;
+  std::memcpy(&x, p, 8);
+  const std::uint64_t quote = x ^ (kOnes * '"');
+  const std::uint64_t backslash = x ^ (kOnes * '\\');
+  const std::uint64_t special = (x - kOnes * 0x20) | (quote - kOnes) | (backslash - kOnes);
+  return (((special & ~x) | x) & kHigh) == 0;
+}
+
 void append_escape(std::string& out, unsigned char c) {
   switch (c) {
     case '"': out += "\\\""; return;
@@ -73,6 +88,10 @@ void append_string(std::string& out, std::string_view s) {
   std::size_t run = 0;  // start of the bytes not yet appended; all of them copy as they are
   std::size_t i = 0;
   while (i < s.size()) {
+    if (s.size() - i >= 8 && plain_block(s.data() + i)) {
+      i += 8;
+      continue;
+    }
     const auto c = static_cast<unsigned char>(s[i]);
     if (plain_ascii(c)) {
       ++i;

@@ -90,13 +90,36 @@ TEST_CASE("json: ill-formed UTF-8 becomes one U+FFFD per maximal subpart") {
 TEST_CASE("json: any bytes give valid JSON, and valid UTF-8 reads back the same") {
   std::mt19937 rng(26);
   for (int n = 0; n < 20000; ++n) {
-    std::string s(rng() % 12, '\0');
-    for (auto& c : s) c = static_cast<char>(n % 2 ? rng() % 256 : 0x70 + rng() % 0x90);  // bias to >= 0x80
+    std::string s(rng() % 40, '\0');
+    for (auto& c : s) {
+      switch (n % 3) {
+        case 0: c = static_cast<char>(rng() % 256); break;
+        case 1: c = static_cast<char>(0x70 + rng() % 0x90); break;              // mostly >= 0x80
+        default: c = static_cast<char>(rng() % 16 ? 0x20 + rng() % 0x5f : rng() % 256);  // mostly ASCII
+      }
+    }
     std::string j = quote(s);
     CAPTURE(s);
     auto v = nlohmann::json::parse(j, nullptr, /*allow_exceptions=*/false);
     REQUIRE(v.is_string());
     // Writing what was read back changes nothing more: the first pass made it valid UTF-8.
     CHECK(quote(v.get<std::string>()) == j);
+  }
+}
+
+TEST_CASE("json: a byte that needs a look is found at every offset of a long string") {
+  // Long plain runs go eight bytes at a time; each of these must still be seen wherever it sits.
+  const std::string plain = "abcdefghijklmnopqrstuvwxyz0123456789ABCD";  // 40 bytes
+  const std::pair<std::string, std::string> cases[] = {
+      {"\"", "\\\""}, {"\\", "\\\\"}, {"\n", "\\n"},          {std::string(1, '\0'), "\\u0000"},
+      {"\x1f", "\\u001f"}, {"\xFF", R},  {"\xC3\xA9", "\xC3\xA9"}, {"\xC3", R},
+      {" ", " "},        {"!", "!"},    {"[", "["},               {"]", "]"},  // neighbours of '"', '\\'
+  };
+  for (const auto& [in, out] : cases) {
+    for (std::size_t at = 0; at <= plain.size(); ++at) {
+      CAPTURE(in);
+      CAPTURE(at);
+      CHECK(quote(plain.substr(0, at) + in + plain.substr(at)) == q(plain.substr(0, at) + out + plain.substr(at)));
+    }
   }
 }
