@@ -6,8 +6,10 @@
 // What can carry UTF-8 today: the leader id (Fencing-Leader) and the User-Agent, which the log
 // line and the audit row record. A resource name cannot: route templates and captured segments are
 // limited to [A-Za-z0-9._~:-] and the router refuses targets with bytes >= 0x80 (config/router.h),
-// so the problem body's resource is checked intact as ASCII, and the target carries percent-encoded
-// UTF-8 ("/caf%C3%A9"), which stays as sent.
+// so the data path's problem body (written by the JSON writer, common/json.h) is checked to be
+// strict JSON with its resource intact, and the target carries percent-encoded UTF-8
+// ("/caf%C3%A9"), which stays as sent. A problem body that does echo UTF-8 is the admin API's
+// fence endpoint naming an unknown key of its JSON body.
 #include <sstream>
 
 #include "tests/integration/ops_harness.h"
@@ -118,6 +120,12 @@ TEST_CASE("utf8: a UTF-8 leader id and user agent come out intact in the log, th
   CHECK(rows[0]["leader"] == leader);
   CHECK(rows[0]["user_agent"] == agent);
   CHECK(rows[0]["target"] == target);
+
+  // A problem body that carries request text: the fence endpoint names the unknown key.
+  auto fence = request(admin, "POST", "/v1/resources/billing/fence", {{"Content-Type", "application/json"}},
+                       "{\"generation\": 9, \"caf\xC3\xA9\": 1}", 20s);
+  check_problem(fence, 400, std::nullopt, std::nullopt, std::nullopt, /*full_fence_members=*/false);
+  CHECK(body_json(fence).value("detail", "") == "unknown key \"caf\xC3\xA9\"");
 
   auto cli = cli_audit(px);
   REQUIRE(!cli.empty());
