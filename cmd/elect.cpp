@@ -21,8 +21,7 @@
 #include "election_client/etcd_client.h"
 #include "election_client/guardian.h"
 #include "election_client/http_conn.h"
-#include "election_client/log.h"
-#include "proxy/log.h"
+#include "common/log.h"
 
 namespace fencegate::cmd {
 
@@ -186,9 +185,8 @@ int run_elect(const std::vector<std::string>& args) {
   else if (std::any_of(f.id.begin(), f.id.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
     errors.push_back("--id: must not contain control characters (the sidecars refuse them as a leader identity)");
   if (!parsed.dashdash || f.command.empty()) errors.push_back("a command is required after --");
-  // TODO(merge): once election code logs through fencegate::log (common branch), set_level(lvl) is all.
   if (log::Level lvl; log::parse_level(level, &lvl))
-    election::log::set_level(static_cast<election::log::Level>(static_cast<int>(lvl)));
+    log::set_level(lvl);
   else
     errors.push_back("--log-level: must be one of debug, info, warn, error (got \"" + level + "\")");
   if (!token_file.empty()) {

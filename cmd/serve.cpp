@@ -9,7 +9,7 @@
 
 #include "cmd/cmd.h"
 #include "config/config.h"
-#include "proxy/log.h"
+#include "common/log.h"
 #include "proxy/server.h"
 
 namespace fencegate::cmd {

@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include "common/log.h"
 #include "config/fields.h"
 
 namespace fencegate::config {
@@ -172,7 +173,7 @@ std::string set_num_text(Config& c, const NumField& f, std::string_view text) {
 }
 
 std::string check_log_level(std::string_view s) {
-  if (s == "debug" || s == "info" || s == "warn" || s == "error") return {};
+  if (log::Level level; log::parse_level(s, &level)) return {};
   return "must be one of debug, info, warn, error (got " + quote(s) + ")";
 }
 

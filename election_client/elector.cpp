@@ -24,7 +24,7 @@
 #include "election_client/guardian.h"
 #include "election_client/key_guard.h"
 #include "election_client/lease_keeper.h"
-#include "election_client/log.h"
+#include "common/log.h"
 
 extern char** environ;
 

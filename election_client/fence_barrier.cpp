@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "election_client/log.h"
+#include "common/log.h"
 
 namespace fencegate::election {
 

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "election_client/log.h"
+#include "common/log.h"
 
 namespace fencegate::election {
 

@@ -1,10 +1,11 @@
 // fence_store implementation: SQLite (WAL, synchronous=FULL), one writer thread with group commit,
-// a separate read connection for queries, flock-based ownership.
+// a separate read connection for queries, flock-based ownership. The database file itself
+// (opening, schema, the ownership lock, probes) is database.cpp's.
 #include "fence_store/store.h"
+#include "fence_store/store_testing.h"
+#include "fence_store/database.h"
 
-#include <fcntl.h>
 #include <sqlite3.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,9 +24,9 @@
 #include <utility>
 
 namespace fencegate::store {
+using namespace detail;
 namespace {
 
-constexpr int kBusyTimeoutMs = 5000;
 // Retention: the store thread prunes about every second when idle, and after commits at most every
 // kPruneMinGap (so a steady write load does not pay an extra transaction per batch).
 constexpr std::chrono::milliseconds kPruneIdleInterval{1000};
@@ -34,136 +35,6 @@ constexpr std::chrono::milliseconds kPruneMinGap{200};
 std::int64_t now_ms() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
-}
-
-std::string parent_dir(const std::string& path) {
-  auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-bool is_dir(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// Runs one or more statements without results. Returns "" or the sqlite error message.
-std::string exec(sqlite3* db, const char* sql) {
-  char* err = nullptr;
-  if (sqlite3_exec(db, sql, nullptr, nullptr, &err) == SQLITE_OK) return {};
-  std::string msg = err ? err : sqlite3_errmsg(db);
-  sqlite3_free(err);
-  return msg;
-}
-
-// Returns false and sets *msg if the pragma/query failed; else *out = first column of first row.
-std::string write_probe(sqlite3* db);  // below
-
-bool query_int(sqlite3* db, const char* sql, std::int64_t* out, std::string* msg) {
-  sqlite3_stmt* st = nullptr;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, nullptr) != SQLITE_OK) {
-    *msg = sqlite3_errmsg(db);
-    return false;
-  }
-  int rc = sqlite3_step(st);
-  if (rc == SQLITE_ROW) {
-    *out = sqlite3_column_int64(st, 0);
-  } else if (rc != SQLITE_DONE) {
-    *msg = sqlite3_errmsg(db);
-    sqlite3_finalize(st);
-    return false;
-  }
-  sqlite3_finalize(st);
-  return true;
-}
-
-std::string col_text(sqlite3_stmt* st, int i) {
-  auto p = reinterpret_cast<const char*>(sqlite3_column_text(st, i));
-  return p ? std::string(p, static_cast<std::size_t>(sqlite3_column_bytes(st, i))) : std::string();
-}
-
-void bind_text(sqlite3_stmt* st, int i, const std::string& s) {
-  // SQLITE_STATIC: the string outlives the step (it lives in the batch until reset).
-  sqlite3_bind_text(st, i, s.data(), static_cast<int>(s.size()), SQLITE_STATIC);
-}
-
-// ---- Schema migrations: migrations[v] takes the schema from version v to v + 1. ----
-
-std::string migrate_0_to_1(sqlite3* db) {
-  return exec(db,
-              "CREATE TABLE resources("
-              "  resource TEXT PRIMARY KEY,"
-              "  generation INTEGER NOT NULL,"
-              "  advanced_at_ms INTEGER NOT NULL,"
-              "  advanced_by TEXT NOT NULL);"
-              "CREATE TABLE audit("
-              "  id INTEGER PRIMARY KEY AUTOINCREMENT,"
-              "  time_ms INTEGER NOT NULL,"
-              "  resource TEXT NOT NULL,"
-              "  decision TEXT NOT NULL,"
-              "  presented_generation INTEGER NOT NULL,"
-              "  current_generation INTEGER NOT NULL,"
-              "  method TEXT NOT NULL,"
-              "  target TEXT NOT NULL,"
-              "  client TEXT NOT NULL,"
-              "  leader TEXT NOT NULL,"
-              "  mode TEXT NOT NULL,"
-              "  user_agent TEXT NOT NULL);"
-              "CREATE INDEX audit_resource_id ON audit(resource, id);"
-              "CREATE INDEX audit_decision_id ON audit(decision, id);"
-              "CREATE INDEX audit_time ON audit(time_ms);");
-}
-
-using Migration = std::string (*)(sqlite3*);
-constexpr std::array<Migration, Store::kSchemaVersion> kMigrations = {migrate_0_to_1};
-
-// Brings the schema up to kSchemaVersion, one transaction per step. Returns "" or an operator message.
-std::string migrate(sqlite3* db, const std::string& path) {
-  std::int64_t version = 0;
-  std::string msg;
-  if (!query_int(db, "PRAGMA user_version", &version, &msg))
-    return "cannot read database " + path + ": " + msg;
-  if (version > Store::kSchemaVersion)
-    return "database " + path + " has schema version " + std::to_string(version) +
-           ", newer than this fencegate supports (" + std::to_string(Store::kSchemaVersion) +
-           "); upgrade fencegate or point it at another database";
-  for (auto v = version; v < Store::kSchemaVersion; ++v) {
-    if (auto e = exec(db, "BEGIN IMMEDIATE"); !e.empty())
-      return "cannot migrate database " + path + ": " + e;
-    std::string e = kMigrations[static_cast<std::size_t>(v)](db);
-    if (e.empty()) e = exec(db, ("PRAGMA user_version = " + std::to_string(v + 1)).c_str());
-    if (e.empty()) e = exec(db, "COMMIT");
-    if (!e.empty()) {
-      exec(db, "ROLLBACK");
-      return "cannot migrate database " + path + " from schema version " + std::to_string(v) + " to " +
-             std::to_string(v + 1) + ": " + e;
-    }
-  }
-  return {};
-}
-
-// Opens a connection; returns nullptr and sets *error on failure.
-sqlite3* open_db(const std::string& path, int flags, std::string* error) {
-  sqlite3* db = nullptr;
-  int rc = sqlite3_open_v2(path.c_str(), &db, flags | SQLITE_OPEN_NOMUTEX, nullptr);
-  if (rc != SQLITE_OK) {
-    *error = "cannot open database " + path + ": " + (db ? sqlite3_errmsg(db) : sqlite3_errstr(rc));
-    sqlite3_close_v2(db);
-    return nullptr;
-  }
-  sqlite3_extended_result_codes(db, 1);
-  sqlite3_busy_timeout(db, kBusyTimeoutMs);
-  return db;
-}
-
-// Fails with "not a database" etc. on files SQLite cannot read; "" if fine.
-std::string probe(sqlite3* db, const std::string& path) {
-  std::int64_t n = 0;
-  std::string msg;
-  if (!query_int(db, "SELECT count(*) FROM sqlite_schema", &n, &msg))
-    return "cannot open database " + path + ": " + msg;
-  return {};
 }
 
 // ---- Audit queries: one prepared statement per combination of filters, prepared on first use. ----
@@ -326,7 +197,7 @@ class Reader {
 
 // ---- The owning store: lock file, writer thread, reader. ----
 
-class OwnedStore final : public Store {
+class OwnedStore final : public TestableStore {
  public:
   OwnedStore(std::string path, int lock_fd, int db_lock_fd, sqlite3* wdb, sqlite3* rdb)
       : path_(std::move(path)),
@@ -845,7 +716,6 @@ class ReadOnlyStore final : public Store {
   void set_retention(std::int64_t, std::uint64_t) override {}
   void set_commit_observer(CommitObserver) override {}
   std::size_t queue_depth() const override { return 0; }
-  void inject_commit_failure(bool) override {}
 
  private:
   void refuse(const Done& done) {
@@ -856,159 +726,6 @@ class ReadOnlyStore final : public Store {
   std::mutex mu_;
   Reader reader_;  // guarded by mu_
 };
-
-// The name the database is owned under. The owner lock (and SQLite's -wal and -shm files) go by
-// file name, so every name of one file must lead to the same lock: a symbolic link is resolved to
-// the file it names, and a file with several hard links is refused (two names, two locks, two
-// owners each with its own idea of the generations). Returns "" with *out set, or an error.
-std::string owned_name(const std::string& path, std::string* out) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) {  // not there yet: created under this name
-    *out = path;
-    return {};
-  }
-  if (S_ISLNK(st.st_mode)) {
-    char buf[PATH_MAX];
-    if (::realpath(path.c_str(), buf) == nullptr)
-      return "cannot open database " + path + ": it is a symbolic link, and what it names cannot be resolved: " +
-             std::strerror(errno);
-    *out = buf;
-    if (::stat(buf, &st) != 0) return "cannot open database " + path + ": " + std::strerror(errno);
-  } else {
-    *out = path;
-  }
-  if (S_ISREG(st.st_mode) && st.st_nlink > 1)
-    return "cannot open database " + path + ": the file has " + std::to_string(st.st_nlink) +
-           " hard links; fencegate's owner lock goes by file name, so a database must have one name only";
-  return {};
-}
-
-// Takes the ownership locks (the lock file's and the database file's). Returns the lock file's
-// fd with *db_fd set, or -1 with *error set.
-int take_lock(const std::string& path, std::string* error, int* db_fd) {
-  const std::string lock_path = path + ".lock";
-  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    int e = errno;
-    std::string dir = parent_dir(path);
-    if (e == ENOENT && !is_dir(dir))
-      *error = "cannot open database " + path + ": directory " + dir + " does not exist";
-    else
-      *error = "cannot open database " + path + ": cannot create lock file " + lock_path + ": " + std::strerror(e);
-    return -1;
-  }
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    int e = errno;
-    ::close(fd);
-    if (e == EWOULDBLOCK)
-      *error = "database " + path + " is already owned by another fencegate (lock file " + lock_path +
-               " is held)";
-    else
-      *error = "cannot lock " + lock_path + " for database " + path + ": " + std::strerror(e);
-    return -1;
-  }
-  // The database file itself is locked too: with the lock file deleted (a cleanup script, an
-  // operator), a second fencegate would create a new one, take it, and own the same database.
-  // flock(2) is independent of SQLite's POSIX locks, and readers (the sqlite3 CLI, fencegate
-  // audit) do not take it. This descriptor is closed only after SQLite's connections are: closing
-  // any descriptor of the file drops the process's POSIX locks on it.
-  *db_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (*db_fd < 0) {
-    int e = errno;
-    ::close(fd);
-    *error = "cannot open database " + path + ": " + std::strerror(e);
-    return -1;
-  }
-  if (::flock(*db_fd, LOCK_EX | LOCK_NB) != 0) {
-    int e = errno;
-    ::close(*db_fd);
-    ::close(fd);
-    *db_fd = -1;
-    if (e == EWOULDBLOCK)
-      *error = "database " + path + " is already owned by another fencegate (the database file is locked; was " +
-               lock_path + " deleted?)";
-    else
-      *error = "cannot lock database " + path + ": " + std::strerror(e);
-    return -1;
-  }
-  return fd;
-}
-
-// A commit that appends to the WAL changes the file's size, so its fdatasync must also commit the
-// file system's journal (on ext4: the journal thread's turn and a second device flush). SQLite
-// writes the WAL from its start again after each checkpoint and never shrinks it
-// (journal_size_limit is -1), so from its second cycle on, commits overwrite what is there. This
-// makes the first cycle overwrite too: pages of a transaction that is rolled back, spilled from a
-// tiny page cache, grow the WAL once to the size at which SQLite checkpoints. No commit ever
-// claims those frames: readers and recovery ignore them, and the database file is not touched.
-// Best effort: on any error the WAL just grows as commits come.
-void size_wal(sqlite3* db, const std::string& path) {
-  std::int64_t pages = 0, page_size = 0, cache = 0;
-  std::string msg;
-  if (!query_int(db, "PRAGMA wal_autocheckpoint", &pages, &msg) || pages <= 0 ||
-      !query_int(db, "PRAGMA page_size", &page_size, &msg) || !query_int(db, "PRAGMA cache_size", &cache, &msg))
-    return;
-  struct stat st {};
-  const std::int64_t want = 32 + pages * (24 + page_size);  // header + frames
-  if (::stat((path + "-wal").c_str(), &st) == 0 && st.st_size >= want) return;
-  if (!exec(db, "PRAGMA cache_size = 2").empty()) return;
-  if (exec(db, "BEGIN IMMEDIATE").empty()) {
-    const std::string fill = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < " +
-                             std::to_string(pages) + ") INSERT INTO fencegate_wal_sizing SELECT zeroblob(" +
-                             std::to_string(page_size * 3 / 4) + ") FROM n";  // a page each
-    if (exec(db, "CREATE TABLE fencegate_wal_sizing(b BLOB)").empty()) exec(db, fill.c_str());
-    exec(db, "ROLLBACK");
-  }
-  exec(db, ("PRAGMA cache_size = " + std::to_string(cache)).c_str());
-}
-
-// A real write transaction that changes nothing: the schema version rewritten as it is (page 1
-// is written and synced). Returns "" or SQLite's error.
-std::string write_probe(sqlite3* db) {
-  std::int64_t v = 0;
-  std::string msg;
-  if (!query_int(db, "PRAGMA user_version", &v, &msg)) return msg;
-  if (auto e = exec(db, "BEGIN IMMEDIATE"); !e.empty()) return e;
-  std::string e = exec(db, ("PRAGMA user_version = " + std::to_string(v)).c_str());
-  if (e.empty()) e = exec(db, "COMMIT");
-  if (!e.empty() && !sqlite3_get_autocommit(db)) exec(db, "ROLLBACK");
-  return e;
-}
-
-// Sets up the writer connection: WAL, synchronous=FULL, schema. Returns "" or an error.
-std::string prepare_writer(sqlite3* db, const std::string& path) {
-  if (auto e = probe(db, path); !e.empty()) return e;
-  if (sqlite3_db_readonly(db, "main") == 1)  // SQLite quietly falls back to read-only on a 0444 file
-    return "cannot open database " + path + " for writing: the file is not writable by this process";
-  sqlite3_stmt* st = nullptr;
-  std::string mode;
-  if (sqlite3_prepare_v2(db, "PRAGMA journal_mode = WAL", -1, &st, nullptr) == SQLITE_OK &&
-      sqlite3_step(st) == SQLITE_ROW)
-    mode = col_text(st, 0);
-  sqlite3_finalize(st);
-  if (mode != "wal")
-    return "cannot switch database " + path + " to WAL mode: " + (mode.empty() ? sqlite3_errmsg(db) : mode);
-  if (auto e = exec(db, "PRAGMA synchronous = FULL"); !e.empty())
-    return "cannot set synchronous=FULL on database " + path + ": " + e;
-  if (auto e = migrate(db, path); !e.empty()) return e;
-  size_wal(db, path);
-  return {};
-}
-
-// Checks a read-only connection sees a schema this binary understands. Returns "" or an error.
-std::string check_readable(sqlite3* db, const std::string& path) {
-  if (auto e = probe(db, path); !e.empty()) return e;
-  std::int64_t version = 0;
-  std::string msg;
-  if (!query_int(db, "PRAGMA user_version", &version, &msg)) return "cannot read database " + path + ": " + msg;
-  if (version > Store::kSchemaVersion)
-    return "database " + path + " has schema version " + std::to_string(version) +
-           ", newer than this fencegate supports (" + std::to_string(Store::kSchemaVersion) + ")";
-  if (version < Store::kSchemaVersion)
-    return "database " + path + " has schema version " + std::to_string(version) +
-           "; open it once with fencegate (read-write) to create or migrate the schema";
-  return {};
-}
 
 }  // namespace
 
@@ -1070,6 +787,11 @@ std::unique_ptr<Store> Store::open(const std::string& given, std::string* error)
     return nullptr;
   }
   return store;
+}
+
+std::unique_ptr<TestableStore> open_testable(const std::string& path, std::string* error) {
+  // Store::open's store is always an OwnedStore.
+  return std::unique_ptr<TestableStore>(static_cast<OwnedStore*>(Store::open(path, error).release()));
 }
 
 std::unique_ptr<Store> Store::open_readonly(const std::string& path, std::string* error, bool snapshot_ok) {

@@ -24,21 +24,13 @@
 #include <string_view>
 #include <vector>
 
+#include "common/status.h"
+
 namespace fencegate::store {
 
-// A cheap status with named constructors (leveldb style).
-class Status {
- public:
-  static Status OK() { return Status(); }
-  static Status Error(std::string msg) { return Status(std::move(msg)); }
-  bool ok() const { return msg_.empty(); }
-  const std::string& message() const { return msg_; }
-
- private:
-  Status() = default;
-  explicit Status(std::string m) : msg_(m.empty() ? std::string("unknown store error") : std::move(m)) {}
-  std::string msg_;
-};
+// The store's outcome: fencegate::Status (common/status.h). A failure is Status::Error(msg) with
+// SQLite's reason, or the store's refusal (read-only, shutting down) in the message.
+using Status = fencegate::Status;
 
 struct ResourceState {
   std::string resource;
@@ -172,10 +164,12 @@ class Store {
   // (fencegate_store_commits_total) and group-commit tests. Read-only stores report 0.
   virtual std::uint64_t commit_count() const { return 0; }
 
-  // Test hook: while set, every commit fails as a real I/O error would (for fail-closed tests).
-  virtual void inject_commit_failure(bool on) = 0;
-
   static constexpr int kSchemaVersion = 1;
+
+ private:
+  // A test seam, public only in fence_store/store_testing.h (TestableStore). Here, private and a
+  // no-op, only while a test double outside fence_store still overrides it; then it goes.
+  virtual void inject_commit_failure(bool) {}
 };
 
 }  // namespace fencegate::store

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "common/json.h"
 #include "proxy/timefmt.h"
 
 namespace fencegate::proxy {
@@ -51,34 +52,7 @@ bool is_control(std::int32_t cp) { return cp < 0x20 || (cp >= 0x7F && cp <= 0x9F
 
 namespace {
 
-// A JSON string: valid UTF-8 passes through, control characters are \u-escaped, invalid bytes
-// become U+FFFD (the audit log stores request bytes as they came).
-void json_string(std::string* out, std::string_view s) {  // TODO(merge): use json::append_string
-  *out += '"';
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const std::size_t start = i;
-    const std::int32_t cp = next_code_point(s, &i);
-    switch (cp) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      default:
-        if (cp < 0) {
-          *out += "\\ufffd";
-        } else if (is_control(cp)) {
-          char buf[16];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(cp));
-          *out += buf;
-        } else {
-          out->append(s.substr(start, i - start));
-        }
-    }
-  }
-  *out += '"';
-}
+void json_string(std::string* out, std::string_view s) { json::append_string(*out, s); }
 
 }  // namespace
 

@@ -26,7 +26,7 @@ std::string audit_row_json(const store::AuditRecord& rec);
 
 // Decodes one UTF-8 sequence at s[*i] and advances. Returns the code point, or -1 for an invalid
 // byte (consumed alone). REQUIRES: *i < s.size().
-// TODO(merge): the common branch's UTF-8 handling (common/json.h) may replace this.
+// (For terminal output: JSON output goes through common/json.h, which replaces invalid bytes.)
 std::int32_t next_code_point(std::string_view s, std::size_t* i);
 
 // Returns true iff `cp` is a control character: C0, DEL or C1.

@@ -1,3 +1,5 @@
+// Authority-linked fencing (see authority.h): the watch of the election's keys, the resync and lease
+// TTL reads, and the check of a presented generation against the leader etcd shows.
 #include "proxy/authority.h"
 
 #include <algorithm>
@@ -6,8 +8,8 @@
 #include "election_client/base64.h"
 #include "election_client/etcd_json.h"
 
+#include "common/log.h"
 #include "proxy/fence.h"
-#include "proxy/log.h"
 #include "proxy/runtime.h"
 
 namespace fencegate::proxy {
@@ -174,9 +176,9 @@ AuthorityCheck Authority::check(std::int64_t g) const {
   return c;
 }
 
-Authority::Status Authority::status() const {
+Authority::Health Authority::health() const {
   std::lock_guard lk(mu_);
-  Status s;
+  Health s;
   s.synced = view_.synced();
   s.leader = view_.leader_revision();
   s.leader_lease = view_.leader_lease();
@@ -382,7 +384,7 @@ void Authority::loop() {
     }
     fetch_ttl();
 
-    Status s = status();
+    Health s = health();
     if (s.available != was_available) {
       if (s.available)
         log::info("authority: etcd reachable", {log::kv("election", cfg_.election), log::kv("leader", s.leader)});

@@ -138,7 +138,9 @@ class Authority {
 
   const config::Authority& config() const { return cfg_; }
 
-  struct Status {
+  // How the authority's view of etcd stands: in sync, reachable within the leader's lease window,
+  // and the leader it knows.
+  struct Health {
     bool synced = false;
     bool available = false;
     std::int64_t leader = 0;
@@ -149,7 +151,7 @@ class Authority {
     std::int64_t ms_since_contact = -1;  // -1: never
     std::int64_t window_ms = 0;
   };
-  Status status() const;
+  Health health() const;
 
  private:
   void loop();

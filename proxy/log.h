@@ -1,44 +1,4 @@
-// Logging: one JSON object per line on stderr, with ts, level, msg and fields.
-// Thread-safe; never blocks the caller on a slow reader (see log.cpp: lines may be queued, and
-// beyond 4 MiB queued dropped and counted).
+// Forwarding header while callers move to common/log.h (the lead removes it at merge).
 #pragma once
 
-#include <initializer_list>
-#include <string>
-#include <string_view>
-#include <utility>
-
-namespace fencegate::log {
-
-enum class Level { debug = 0, info = 1, warn = 2, error = 3 };
-
-void set_level(Level l);
-bool parse_level(std::string_view s, Level* out);
-bool enabled(Level l);
-
-struct Field {
-  std::string_view key;
-  std::string value;  // already JSON-encoded if raw, else a string (see below)
-  bool raw = false;   // true: value is emitted as is (numbers, booleans)
-};
-inline Field kv(std::string_view k, std::string_view v) { return {k, std::string(v), false}; }
-inline Field kv(std::string_view k, const std::string& v) { return {k, v, false}; }
-inline Field kv(std::string_view k, const char* v) { return {k, std::string(v), false}; }
-template <class N>
-Field kv(std::string_view k, N n) requires std::is_arithmetic_v<N> {
-  return {k, std::to_string(n), true};
-}
-
-void write(Level l, std::string_view msg, std::initializer_list<Field> fields = {});
-
-inline void info(std::string_view m, std::initializer_list<Field> f = {}) { write(Level::info, m, f); }
-inline void warn(std::string_view m, std::initializer_list<Field> f = {}) { write(Level::warn, m, f); }
-inline void error(std::string_view m, std::initializer_list<Field> f = {}) { write(Level::error, m, f); }
-inline void debug(std::string_view m, std::initializer_list<Field> f = {}) {
-  if (enabled(Level::debug)) write(Level::debug, m, f);
-}
-
-// JSON string escaping (with quotes).
-std::string json_quote(std::string_view s);
-
-}  // namespace fencegate::log
+#include "common/log.h"

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fence_store/store.h"
+#include "fence_store/store_testing.h"
 #include "tests/support/process.h"
 
 namespace fencegate::testing {
@@ -20,10 +21,11 @@ struct StoreDir {
   std::string dir;
 };
 
-// Opens (owning) the store at `path`; fails the test with the store's reason if it cannot.
-inline std::unique_ptr<store::Store> must_open(const std::string& path) {
+// Opens (owning) the store at `path`, with its test seam (store_testing.h); fails the test with the
+// store's reason if it cannot.
+inline std::unique_ptr<store::TestableStore> must_open(const std::string& path) {
   std::string err;
-  auto s = store::Store::open(path, &err);
+  auto s = store::open_testable(path, &err);
   INFO(err);
   REQUIRE(s != nullptr);
   return s;

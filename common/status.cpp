@@ -1,6 +1,7 @@
-#include "election_client/status.h"
+// Status (see status.h): the predicates on etcd's answers and the operator-facing text.
+#include "common/status.h"
 
-namespace fencegate::election {
+namespace fencegate {
 
 bool Status::is_no_leader() const {
   return kind_ == Kind::etcd_error && msg_.find("no leader") != std::string::npos;
@@ -13,6 +14,7 @@ bool Status::is_lease_not_found() const {
 std::string Status::to_string() const {
   switch (kind_) {
     case Kind::ok: return "ok";
+    case Kind::error: return msg_;
     case Kind::unavailable: return "unavailable: " + msg_;
     case Kind::etcd_error: return "etcd error " + std::to_string(code_) + ": " + msg_;
     case Kind::http_error: return "HTTP " + std::to_string(code_) + ": " + msg_;
@@ -22,4 +24,4 @@ std::string Status::to_string() const {
   return msg_;
 }
 
-}  // namespace fencegate::election
+}  // namespace fencegate

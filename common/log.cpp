@@ -1,4 +1,5 @@
-#include "proxy/log.h"
+// The logger (see log.h): line formatting and the non-blocking stderr sink.
+#include "common/log.h"
 
 #include <poll.h>
 #include <unistd.h>
@@ -13,6 +14,8 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+
+#include "common/json.h"
 
 namespace fencegate::log {
 
@@ -128,30 +131,7 @@ bool parse_level(std::string_view s, Level* out) {
   return true;
 }
 
-std::string json_quote(std::string_view s) {
-  std::string o;
-  o.reserve(s.size() + 2);
-  o += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\r': o += "\\r"; break;
-      case '\t': o += "\\t"; break;
-      default:
-        if (c < 0x20 || c >= 0x7f) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          o += buf;
-        } else {
-          o += static_cast<char>(c);
-        }
-    }
-  }
-  o += '"';
-  return o;
-}
+std::string json_quote(std::string_view s) { return json::quote(s); }
 
 void write(Level l, std::string_view msg, std::initializer_list<Field> fields) {
   if (!enabled(l)) return;
@@ -169,12 +149,15 @@ void write(Level l, std::string_view msg, std::initializer_list<Field> fields) {
   line += "\",\"level\":\"";
   line += name(l);
   line += "\",\"msg\":";
-  line += json_quote(msg);
+  json::append_string(line, msg);
   for (const auto& f : fields) {
     line += ',';
-    line += json_quote(f.key);
+    json::append_string(line, f.key);
     line += ':';
-    line += f.raw ? f.value : json_quote(f.value);
+    if (f.raw)
+      line += f.value;
+    else
+      json::append_string(line, f.value);
   }
   line += "}\n";
   emit(std::move(line));

@@ -1,0 +1,44 @@
+// fence_store internals (see database.cpp): the database file and the SQLite helpers the store
+// shares. Only fence_store's own sources include this header (the only code that includes
+// sqlite3.h); the product's interface is store.h.
+//
+// Thread-safety: the functions hold no state; a connection is used by one thread at a time.
+#pragma once
+
+#include <sqlite3.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fencegate::store::detail {
+
+// Runs one or more statements without results. Returns "" or the sqlite error message.
+std::string exec(sqlite3* db, const char* sql);
+// Returns false and sets *msg if the pragma/query failed; else *out = first column of first row.
+bool query_int(sqlite3* db, const char* sql, std::int64_t* out, std::string* msg);
+std::string col_text(sqlite3_stmt* st, int i);
+// SQLITE_STATIC: `s` must outlive the statement's step.
+void bind_text(sqlite3_stmt* st, int i, const std::string& s);
+
+// Opens a connection; returns nullptr and sets *error on failure.
+sqlite3* open_db(const std::string& path, int flags, std::string* error);
+// Fails with "not a database" etc. on files SQLite cannot read; "" if fine.
+std::string probe(sqlite3* db, const std::string& path);
+
+// The name the database is owned under (symbolic links resolved, hard links refused). Returns ""
+// with *out set, or an error.
+std::string owned_name(const std::string& path, std::string* out);
+// Takes the ownership locks ("<db>.lock" and the database file); returns the lock file's fd and
+// sets *db_fd, or -1 with *error set.
+int take_lock(const std::string& path, std::string* error, int* db_fd);
+
+// A real write transaction that changes nothing. Returns "" or SQLite's error.
+std::string write_probe(sqlite3* db);
+// Configures the writer's connection (WAL, synchronous=FULL, ...) and migrates the schema.
+// Returns "" or the error.
+std::string prepare_writer(sqlite3* db, const std::string& path);
+// Checks that a read-only connection can read a database with the current schema. Returns "" or
+// the error.
+std::string check_readable(sqlite3* db, const std::string& path);
+
+}  // namespace fencegate::store::detail
