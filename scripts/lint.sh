@@ -21,8 +21,8 @@ jobs="${FENCEGATE_LINT_JOBS:-2}"
 dirs=()
 for d in common cmd config fence_store election_client proxy; do [ -d "$d" ] && dirs+=("$d"); done
 mapfile -t sources < <(find "${dirs[@]}" -type f \( -name '*.cpp' -o -name '*.h' \) | sort)
-# The slow ones first (those that include Boost or nlohmann_json, largest first), so that the clang-tidy processes
-# finish at about the same time.
+# The slow ones first (those that include Boost or nlohmann_json, largest first), so that the
+# clang-tidy processes finish at about the same time.
 mapfile -t units < <(cpps=$(printf '%s\n' "${sources[@]}" | grep '\.cpp$')
                      grep -lE 'include <(boost|nlohmann)/' $cpps | xargs -r ls -S; grep -LE 'include <(boost|nlohmann)/' $cpps | xargs -r ls -S)
 
