@@ -902,10 +902,61 @@ backend be
 RESULTS_HEADER = """# fencegate benchmark results
 
 Produced by `bench/run.sh --write-results` (see [README.md](README.md) for what each number means and
-how it is measured). Newest run last. The machine is small and shared, so absolute numbers move
+how it is measured). This file holds the targets and the newest run; every earlier run, oldest
+first, is in [HISTORY.md](HISTORY.md). The machine is small and shared, so absolute numbers move
 between runs; compare ratios within one run.
 
+## Targets (issue 6)
+
+Each run ends with a table of these, met or missed in that run:
+
+- Fenced POST throughput (fencegate-enforce) >= 1.0x HAProxy's and >= 1.2x nginx's.
+- fencegate p99 <= HAProxy p99.
+- A generation advance under full load: p99 <= 2x a raw sync's p99 on the same disk.
+- 10,000 idle keep-alive connections: PSS <= nginx's.
+- A 1 GiB streamed upload: peak RSS <= 64 MiB.
+
+The newest run follows; its own table of targets is at its end.
+
 """
+
+# Everything below this line in RESULTS.md is the newest run (with any notes written under it).
+# --write-results moves it to the end of HISTORY.md and writes the new run in its place.
+NEWEST_MARK = ("<!-- newest run: `bench/run.sh --write-results` moves what follows to the end of HISTORY.md "
+               "and writes the new run here -->")
+
+HISTORY_HEADER = """# fencegate benchmark history
+
+Every run of `bench/run.sh --write-results` before the newest, oldest first, with the notes written
+at the time. The newest run and the targets are in [RESULTS.md](RESULTS.md); what each number means
+is in [README.md](README.md).
+
+"""
+
+
+def write_results(results, history, text):
+    """Makes `text` the newest run in `results` and moves the run it replaces to the end of `history`."""
+    if not os.path.exists(results):
+        with open(results, "w") as f:
+            f.write(RESULTS_HEADER + NEWEST_MARK + "\n\n" + text + "\n")
+        return
+    with open(results) as f:
+        current = f.read()
+    at = current.find(NEWEST_MARK)
+    if at < 0:  # a results file without the mark: append, as before the split
+        with open(results, "a") as f:
+            f.write(text + "\n")
+        return
+    top = current[:at + len(NEWEST_MARK)]
+    previous = current[at + len(NEWEST_MARK):].strip("\n")
+    if previous:  # history first: a failure in between duplicates the old run rather than losing it
+        new = not os.path.exists(history)
+        with open(history, "a") as f:
+            f.write((HISTORY_HEADER if new else "\n") + previous + "\n")
+    tmp = results + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(top + "\n\n" + text + "\n")
+    os.replace(tmp, results)
 
 
 def main():
@@ -913,8 +964,10 @@ def main():
     ap.add_argument("--fencegate", default=os.path.join(ROOT, "build", "fencegate"), help="binary to bench (copied)")
     ap.add_argument("--baseline", default=os.environ.get("BENCH_BASELINE", ""),
                     help="an older fencegate binary benched beside --fencegate as `baseline-enforce` (before/after)")
-    ap.add_argument("--write-results", action="store_true", help="append this run to bench/RESULTS.md")
+    ap.add_argument("--write-results", action="store_true",
+                    help="make this run the newest in bench/RESULTS.md (the run it replaces moves to bench/HISTORY.md)")
     ap.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"), help="results file for --write-results")
+    ap.add_argument("--history", default=None, help="history file for --write-results (default: HISTORY.md beside --results)")
     ap.add_argument("--note", default="", help="label for this run in the results, e.g. 'before arena allocator'")
     ap.add_argument("--parts", default="throughput,advance,memory,upload", help="comma-separated subset to run")
     args = ap.parse_args()
@@ -939,12 +992,9 @@ def main():
     print(text)
     log(f"done in {time.time() - t0:.0f}s")
     if args.write_results:
-        new = not os.path.exists(args.results)
-        with open(args.results, "a") as f:
-            if new:
-                f.write(RESULTS_HEADER)
-            f.write(text + "\n")
-        log(f"appended to {args.results}")
+        history = args.history or os.path.join(os.path.dirname(os.path.abspath(args.results)), "HISTORY.md")
+        write_results(args.results, history, text)
+        log(f"wrote the run to {args.results} (the one it replaces is now at the end of {history})")
     failed = [w for w, ok in b.res["checks"] if not ok]
     return 1 if failed else 0
 

@@ -2,7 +2,8 @@
 # fencegate benchmark: fencegate vs nginx vs HAProxy on loopback, in one run. See bench/README.md.
 #
 #   bench/run.sh                      # full run (~4-5 min), prints the summary
-#   bench/run.sh --write-results      # ... and appends it to bench/RESULTS.md
+#   bench/run.sh --write-results      # ... and makes it the newest run in bench/RESULTS.md (the
+#                                     # run it replaces moves to bench/HISTORY.md)
 #   BENCH_DURATION=3 BENCH_REPS=1 bench/run.sh            # quick look (~1.5 min)
 #   bench/run.sh --parts throughput --note "after X"      # one part, labelled
 #   BENCH_FENCEGATE=/path/to/fencegate bench/run.sh       # bench another binary

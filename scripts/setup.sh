@@ -8,6 +8,7 @@ packages=(
   libboost1.81-dev nlohmann-json3-dev libsqlite3-dev doctest-dev
   sqlite3 curl python3 etcd-server etcd-client
   clang-16 libclang-rt-16-dev llvm-16  # scripts/fuzz.sh: libFuzzer, llvm-symbolizer
+  clang-format-16 clang-tidy-16        # scripts/lint.sh
   iproute2 iptables                    # tests/fault: network namespaces and partitions
 )
 
