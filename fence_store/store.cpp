@@ -743,8 +743,8 @@ std::unique_ptr<Store> Store::open(const std::string& given, std::string* error)
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0 && errno == ENOENT && ::stat((path + "-wal").c_str(), &st) == 0) {
       *error = "database " + path + " does not exist but its write-ahead log " + path +
-               "-wal does: it holds commits of a database that is gone. Restore the database (see the README's "
-               "backups), or remove the -wal file deliberately to start an empty fence";
+               "-wal does: it holds commits of a database that is gone. Restore the database (see docs/operations.md, "
+               "Backups and a damaged database), or remove the -wal file deliberately to start an empty fence";
       return nullptr;
     }
   }

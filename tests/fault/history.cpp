@@ -10,7 +10,7 @@ namespace fencegate::fault {
 namespace {
 
 bool is_2xx(int s) { return s >= 200 && s < 300; }
-// Answers the proxy gives itself, without forwarding (README "The contract").
+// Answers the proxy gives itself, without forwarding (docs/contract.md, "The contract").
 bool is_local_rejection(int s) { return s == 400 || s == 409 || s == 428 || s == 503; }
 // The upstream only noticed after the proxy closed: completion is an upper bound.
 bool peer_ended(const std::string& outcome) { return outcome == "aborted_by_peer" || outcome == "write_failed"; }

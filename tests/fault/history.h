@@ -1,4 +1,4 @@
-// History checker: the fencing contract (README "The contract", "Guarantees") as properties of a
+// History checker: the fencing contract (docs/contract.md, "The contract", "Guarantees") as properties of a
 // recorded history. Pure: no I/O, no clocks read, no threads; feed it what a run recorded.
 //
 // A history is what the clients sent and got back, what the recording upstream received, the audit

@@ -7,7 +7,7 @@
 // method, target, token and body bytes, with framing re-checked (one Content-Length equal to the
 // body, or clean chunked framing with no extensions or trailers). A case whose head was valid may
 // leave the upstream with an *incomplete* request (the head is streamed before the body is read,
-// README "Bodies are streamed"); such cases say so and require the upstream to have seen the
+// docs/contract.md "Bodies are streamed"); such cases say so and require the upstream to have seen the
 // connection close inside that request, never a complete one. After every case a fenced write
 // from another client must still succeed (the sidecar is healthy).
 //
@@ -751,7 +751,7 @@ TEST_CASE("hostile: slowloris: slow heads get 408 and close, silent connections 
 }
 
 TEST_CASE("hostile: slowloris: a stalled body gets 408 and a close; a half-closed one just a close; nothing complete upstream") {
-  // README, status table: "408 | request head or body did not arrive in time". (The Beast-based
+  // docs/contract.md, status table: "408 | request head or body did not arrive in time". (The Beast-based
   // relay before 941e943 closed silently: the stream's own expiry closed the socket first.)
   RecordingUpstream up;
   json cfg = config_with_routes({route("/", up.url(), "default")});
@@ -849,7 +849,7 @@ TEST_CASE("hostile: a whole request and then a half-close: answered once, then c
 }
 
 TEST_CASE("hostile: a body that keeps arriving is not cut by body_timeout_ms") {
-  // README: body_timeout_ms is the "time without request-body progress". A 20-byte body sent one
+  // docs/configuration.md: body_timeout_ms is the "time without request-body progress". A 20-byte body sent one
   // byte every 100 ms with body_timeout_ms = 400 progresses every 100 ms and must pass. (The
   // Beast-based relay before 941e943 cut it after 400 ms: its timeout covered a whole
   // http::async_read, which returned only when 16 KiB had arrived.)
@@ -876,7 +876,7 @@ TEST_CASE("hostile: a body that keeps arriving is not cut by body_timeout_ms") {
 }
 
 TEST_CASE("hostile: chunk-size lines, chunk extensions and trailers are bounded in memory") {
-  // README: "Bodies are streamed, never held whole"; the issue asks for bounded memory. A chunk
+  // docs/contract.md: "Bodies are streamed, never held whole"; the issue asks for bounded memory. A chunk
   // line (digits and extensions) or a trailer section that never ends must be refused once over a
   // bound, not buffered. (The Beast-based relay before 941e943 buffered it all: 32 MiB of
   // extension bytes on one connection cost the proxy 32+ MiB until body_timeout_ms.)

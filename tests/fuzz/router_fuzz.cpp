@@ -80,7 +80,7 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-// Reference: is `target` an unambiguous origin-form target (the README's contract)?
+// Reference: is `target` an unambiguous origin-form target (docs/contract.md)?
 bool reference_target_ok(std::string_view target) {
   if (target.empty() || target[0] != '/') return false;
   for (unsigned char c : target)
