@@ -106,8 +106,9 @@ std::int64_t now_ms() { return now_unix_ms(); }
 bool parse_time(std::string_view s, std::int64_t now, std::int64_t* out, std::string* why) {
   std::int64_t t = 0;
   if (!parse_time_arg(s, now, &t)) {
-    *why = "not a time; use RFC 3339 (2026-11-29T10:00:00Z, 2026-11-29T12:00:00.5+02:00) or an age "
-           "before now (-90s, -30m, -1h, -7d)";
+    *why =
+        "not a time; use RFC 3339 (2026-11-29T10:00:00Z, 2026-11-29T12:00:00.5+02:00) or an age "
+        "before now (-90s, -30m, -1h, -7d)";
     return false;
   }
   if (t <= 0) {
@@ -249,9 +250,15 @@ class Printer {
 
 // A value may start with '-': "--since -1h".
 constexpr std::array kAuditFlags = {
-    flags::Flag{"--db"},    flags::Flag{"--resource"}, flags::Flag{"--decision"},
-    flags::Flag{"--leader"}, flags::Flag{"--since"},   flags::Flag{"--until"},
-    flags::Flag{"--limit"}, flags::Flag{"--json", flags::Arity::none}, flags::Flag{"--follow", flags::Arity::none},
+    flags::Flag{"--db"},
+    flags::Flag{"--resource"},
+    flags::Flag{"--decision"},
+    flags::Flag{"--leader"},
+    flags::Flag{"--since"},
+    flags::Flag{"--until"},
+    flags::Flag{"--limit"},
+    flags::Flag{"--json", flags::Arity::none},
+    flags::Flag{"--follow", flags::Arity::none},
 };
 
 // Returns kExitOk with *opts filled, kExitUsage after printing why, or -1 for --help (printed).
@@ -266,19 +273,13 @@ int parse_args(const std::vector<std::string>& args, Options* opts) {
   for (const flags::Item& item : flags::parse(args, kAuditFlags).items) {
     const std::string& name = item.name;
     switch (item.kind) {
-      case flags::Kind::help:
-        std::fputs(kUsage, stdout);
-        return -1;
+      case flags::Kind::help: std::fputs(kUsage, stdout); return -1;
       case flags::Kind::not_a_flag:
         return usage_error("unexpected argument \"" + item.arg + "\" (flags start with --)");
-      case flags::Kind::unknown_flag:
-        return usage_error("unknown flag " + name);
-      case flags::Kind::value_on_boolean:
-        return usage_error(name + " takes no value");
-      case flags::Kind::missing_value:
-        return usage_error(name + " needs a value");
-      case flags::Kind::flag:
-        break;
+      case flags::Kind::unknown_flag: return usage_error("unknown flag " + name);
+      case flags::Kind::value_on_boolean: return usage_error(name + " takes no value");
+      case flags::Kind::missing_value: return usage_error(name + " needs a value");
+      case flags::Kind::flag: break;
     }
     if (name == "--json" || name == "--follow") {
       (name == "--json" ? opts->json : opts->follow) = true;
@@ -325,8 +326,7 @@ int parse_args(const std::vector<std::string>& args, Options* opts) {
     const bool ok = limit->size() <= 9 && std::all_of(limit->begin(), limit->end(), is_digit);
     if (ok) n = std::stoll(*limit);
     if (!ok || n < 1 || n > kMaxLimit)
-      return usage_error("--limit \"" + *limit + "\": not a whole number from 1 to " +
-                         std::to_string(kMaxLimit));
+      return usage_error("--limit \"" + *limit + "\": not a whole number from 1 to " + std::to_string(kMaxLimit));
     opts->limit = static_cast<int>(n);
   }
   return kExitOk;
@@ -356,7 +356,8 @@ class StopSignals {
   StopSignals& operator=(const StopSignals&) = delete;
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_int_ {
+  }, old_term_{};
 };
 
 // Sleeps up to `d`, returning early once a stop signal arrived.
@@ -388,8 +389,7 @@ int follow(Store& s, const Options& o) {
   out.header();
   for (const auto& r : backlog) out.row(r);
   if (!out.flush()) return kExitOk;  // nobody is reading any more
-  if (backlog.empty() && !o.json)
-    std::fputs("fencegate audit: no matching audit rows yet; following\n", stderr);
+  if (backlog.empty() && !o.json) std::fputs("fencegate audit: no matching audit rows yet; following\n", stderr);
 
   // With --until, no row can match once the clock is past it: the decision time is taken when
   // a request is decided, and its row is committed within moments (10 s of slack covers a

@@ -77,10 +77,16 @@ constexpr const char* kElectUsage =
     "128+N got signal N before COMMAND started.\n";
 
 constexpr std::array kElectFlags = {
-    flags::Flag{"--etcd"},       flags::Flag{"--election"},         flags::Flag{"--id"},
-    flags::Flag{"--ttl"},        flags::Flag{"--fence"},            flags::Flag{"--fence-token-file"},
-    flags::Flag{"--fence-timeout-ms"}, flags::Flag{"--recampaign", flags::Arity::none},
-    flags::Flag{"--grace-ms"},   flags::Flag{"--log-level"},
+    flags::Flag{"--etcd"},
+    flags::Flag{"--election"},
+    flags::Flag{"--id"},
+    flags::Flag{"--ttl"},
+    flags::Flag{"--fence"},
+    flags::Flag{"--fence-token-file"},
+    flags::Flag{"--fence-timeout-ms"},
+    flags::Flag{"--recampaign", flags::Arity::none},
+    flags::Flag{"--grace-ms"},
+    flags::Flag{"--log-level"},
 };
 
 }  // namespace
@@ -121,9 +127,7 @@ int run_elect(const std::vector<std::string>& args) {
   const flags::Parsed parsed = flags::parse(args, kElectFlags, rules);
   for (const flags::Item& item : parsed.items) {
     switch (item.kind) {
-      case flags::Kind::help:
-        std::fputs(kElectUsage, stdout);
-        return 0;
+      case flags::Kind::help: std::fputs(kElectUsage, stdout); return 0;
       case flags::Kind::unknown_flag:
       case flags::Kind::value_on_boolean:  // "--recampaign=1" names no flag
         errors.push_back("unknown flag \"" + item.arg + "\"");
@@ -131,11 +135,8 @@ int run_elect(const std::vector<std::string>& args) {
       case flags::Kind::not_a_flag:  // never "--" here: that ends the flags
         errors.push_back("unknown flag \"" + item.arg + "\" (put the command after --)");
         continue;
-      case flags::Kind::missing_value:
-        errors.push_back(item.name + ": needs a value");
-        break;
-      case flags::Kind::flag:
-        break;
+      case flags::Kind::missing_value: errors.push_back(item.name + ": needs a value"); break;
+      case flags::Kind::flag: break;
     }
     // A missing value leaves a text setting as it was (as an absent flag would), while the
     // checked ones report the empty value too (the messages as they always were).
@@ -182,13 +183,12 @@ int run_elect(const std::vector<std::string>& args) {
   if (id_given && f.id.empty()) errors.push_back("--id: must not be empty (leave it out for hostname:pid)");
   if (f.id.size() > 256)  // the sidecars would refuse it as Fencing-Leader (max_leader_bytes) after winning
     errors.push_back("--id: at most 256 bytes (got " + std::to_string(f.id.size()) + ")");
-  else if (std::any_of(f.id.begin(), f.id.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+  else if (std::any_of(f.id.begin(), f.id.end(),
+                       [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
     errors.push_back("--id: must not contain control characters (the sidecars refuse them as a leader identity)");
   if (!parsed.dashdash || f.command.empty()) errors.push_back("a command is required after --");
-  if (log::Level lvl; log::parse_level(level, &lvl))
-    log::set_level(lvl);
-  else
-    errors.push_back("--log-level: must be one of debug, info, warn, error (got \"" + level + "\")");
+  if (log::Level lvl; log::parse_level(level, &lvl)) log::set_level(lvl);
+  else errors.push_back("--log-level: must be one of debug, info, warn, error (got \"" + level + "\")");
   if (!token_file.empty()) {
     f.fence_token = election::read_token_file(token_file);
     if (f.fence_token.empty()) errors.push_back("--fence-token-file: cannot read a token from \"" + token_file + "\"");

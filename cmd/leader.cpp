@@ -50,21 +50,16 @@ int run_leader(const std::vector<std::string>& args) {
   std::int64_t timeout_ms = 5000;
   for (const flags::Item& item : flags::parse(args, kLeaderFlags).items) {
     switch (item.kind) {
-      case flags::Kind::help:
-        std::fputs(kLeaderUsage, stdout);
-        return 0;
+      case flags::Kind::help: std::fputs(kLeaderUsage, stdout); return 0;
       case flags::Kind::unknown_flag:
       case flags::Kind::value_on_boolean:
-      case flags::Kind::not_a_flag:
-        errors.push_back("unknown flag \"" + item.arg + "\"");
-        continue;
+      case flags::Kind::not_a_flag: errors.push_back("unknown flag \"" + item.arg + "\""); continue;
       case flags::Kind::missing_value:
         errors.push_back(item.name + ": needs a value");
         // A text setting stays as it was; the timeout reports the empty value too.
         if (item.name != "--timeout-ms") continue;
         break;
-      case flags::Kind::flag:
-        break;
+      case flags::Kind::flag: break;
     }
     if (item.name == "--etcd") {
       etcd = item.value;

@@ -142,8 +142,8 @@ void write(Level l, std::string_view msg, std::initializer_list<Field> fields) {
   std::tm tm{};
   gmtime_r(&t, &tm);
   char ts[80];
-  std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
   std::string line = "{\"ts\":\"";
   line += ts;
   line += "\",\"level\":\"";
@@ -154,10 +154,8 @@ void write(Level l, std::string_view msg, std::initializer_list<Field> fields) {
     line += ',';
     json::append_string(line, f.key);
     line += ':';
-    if (f.raw)
-      line += f.value;
-    else
-      json::append_string(line, f.value);
+    if (f.raw) line += f.value;
+    else json::append_string(line, f.value);
   }
   line += "}\n";
   emit(std::move(line));

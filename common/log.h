@@ -30,7 +30,8 @@ inline Field kv(std::string_view k, const std::string& v) { return {k, v, false}
 inline Field kv(std::string_view k, const char* v) { return {k, std::string(v), false}; }
 inline Field kv(std::string_view k, bool b) { return {k, b ? "true" : "false", true}; }
 template <class N>
-Field kv(std::string_view k, N n) requires(std::is_arithmetic_v<N> && !std::is_same_v<N, bool>) {
+Field kv(std::string_view k, N n) requires(std::is_arithmetic_v<N> && !std::is_same_v<N, bool>)
+{
   return {k, std::to_string(n), true};
 }
 

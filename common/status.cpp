@@ -3,9 +3,7 @@
 
 namespace fencegate {
 
-bool Status::is_no_leader() const {
-  return kind_ == Kind::etcd_error && msg_.find("no leader") != std::string::npos;
-}
+bool Status::is_no_leader() const { return kind_ == Kind::etcd_error && msg_.find("no leader") != std::string::npos; }
 
 bool Status::is_lease_not_found() const {
   return kind_ == Kind::etcd_error && msg_.find("lease not found") != std::string::npos;

@@ -56,8 +56,7 @@ std::string parse_endpoint(std::string_view s, Endpoint& out, int default_port, 
     if (close == std::string_view::npos || close == 1) return expected + " (got " + quote(s) + ")";
     host = std::string(s.substr(1, close - 1));
     for (char c : host) {
-      bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') ||
-                c == ':' || c == '.';
+      bool ok = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') || c == ':' || c == '.';
       if (!ok) return "bad IPv6 address " + quote(host);
     }
     rest = s.substr(close + 1);
@@ -69,8 +68,8 @@ std::string parse_endpoint(std::string_view s, Endpoint& out, int default_port, 
       return expected + " (got " + quote(s) + ")";
     }
     for (char c : host) {
-      bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-                c == '.' || c == '-' || c == '_';
+      bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+                c == '_';
       if (!ok) return "bad host name " + quote(host);
     }
   }
@@ -79,11 +78,10 @@ std::string parse_endpoint(std::string_view s, Endpoint& out, int default_port, 
     if (rest[0] != ':') return expected + " (got " + quote(s) + ")";
     std::string_view digits = rest.substr(1);
     auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
-    if (digits.empty() || digits.size() > 5 || ec != std::errc() ||
-        ptr != digits.data() + digits.size() || port < (allow_port_zero ? 0 : 1) || port > 65535) {
-      return allow_port_zero
-                 ? "port must be between 0 and 65535, 0 meaning any free port (got " + quote(digits) + ")"
-                 : "port must be between 1 and 65535 (got " + quote(digits) + ")";
+    if (digits.empty() || digits.size() > 5 || ec != std::errc() || ptr != digits.data() + digits.size() ||
+        port < (allow_port_zero ? 0 : 1) || port > 65535) {
+      return allow_port_zero ? "port must be between 0 and 65535, 0 meaning any free port (got " + quote(digits) + ")"
+                             : "port must be between 1 and 65535 (got " + quote(digits) + ")";
     }
   } else if (default_port == 0) {
     return expected + " (got " + quote(s) + ")";
@@ -112,16 +110,15 @@ std::string parse_upstream(std::string_view url, Endpoint& out) {
 
 // --- Field tables: one row per scalar setting, shared by the JSON, env and flag loaders. ---
 
-
-#define FG_SIZE_FIELD(name, lo, hi, help)                                                 \
-  NumField {                                                                              \
-    #name, lo, hi, [](const Config& c) { return static_cast<std::int64_t>(c.name); },     \
+#define FG_SIZE_FIELD(name, lo, hi, help)                                                  \
+  NumField {                                                                               \
+    #name, lo, hi, [](const Config& c) { return static_cast<std::int64_t>(c.name); },      \
         [](Config& c, std::int64_t v) { c.name = static_cast<decltype(c.name)>(v); }, help \
   }
-#define FG_MS_FIELD(name, help)                                                                   \
-  NumField {                                                                                      \
+#define FG_MS_FIELD(name, help)                                                                        \
+  NumField {                                                                                           \
     #name "_ms", 1, kMaxMs, [](const Config& c) { return static_cast<std::int64_t>(c.name.count()); }, \
-        [](Config& c, std::int64_t v) { c.name = std::chrono::milliseconds(v); }, help            \
+        [](Config& c, std::int64_t v) { c.name = std::chrono::milliseconds(v); }, help                 \
   }
 
 namespace {
@@ -189,11 +186,9 @@ std::string check_header_name(std::string_view s) {
   return {};
 }
 
-
 namespace {
 const StrField kStrFieldRows[] = {
-    {"listen",
-     [](Config& c, std::string_view v) { return parse_endpoint(v, c.listen, 0, true); },
+    {"listen", [](Config& c, std::string_view v) { return parse_endpoint(v, c.listen, 0, true); },
      [](const Config& c) { return c.listen.to_string(); },
      "address to listen on, host:port; port 0 = any free port (in the \"listening\" log line, level info)"},
     {"db",
@@ -319,8 +314,6 @@ std::string set_max_rows(Config& c, std::string_view text) {
   return {};
 }
 
-
-
 namespace {
 const SectionField kSectionFieldRows[] = {
     {"admin.listen", JsonKind::string,
@@ -333,8 +326,7 @@ const SectionField kSectionFieldRows[] = {
        c.admin.token_file = v;
        return {};
      },
-     [](const Config&) -> std::string { return "none"; }, "FILE",
-     "admin API bearer token, trimmed; re-read on reload"},
+     [](const Config&) -> std::string { return "none"; }, "FILE", "admin API bearer token, trimmed; re-read on reload"},
     {"audit.max_age", JsonKind::duration,
      [](Config& c, std::string_view v) { return parse_duration(v, c.audit.max_age); },
      [](const Config& c) { return format_duration(c.audit.max_age); }, "AGE",
@@ -353,7 +345,6 @@ const std::span<const StrField> kStrFields(kStrFieldRows);
 const std::span<const SectionField> kSectionFields(kSectionFieldRows);
 const std::span<const char* const> kSections(kSectionNames);
 
-
 // 127.0.0.0/8, ::1 (and ::ffff:127.0.0.0/104), or "localhost". Other names count as non-loopback.
 bool is_loopback_host(const std::string& host) {
   std::string h = lower(host);
@@ -370,10 +361,7 @@ bool is_loopback_host(const std::string& host) {
   return false;
 }
 
-std::string mode_error(std::string_view got) {
-  return "must be one of enforce, observe, off (got " + quote(got) + ")";
-}
-
+std::string mode_error(std::string_view got) { return "must be one of enforce, observe, off (got " + quote(got) + ")"; }
 
 std::string grace_error(std::string_view got) {
   return "must be 0 (the leader's lease TTL) or an integer between " + std::to_string(kMinGraceMs) + " and " +
@@ -427,7 +415,6 @@ std::string Authority::id() const {
   return s;
 }
 
-
 std::string serve_usage() {
   const Config d;
   std::ostringstream o;
@@ -468,8 +455,8 @@ std::string serve_usage() {
   for (const NumField& f : kNumFields) {
     std::string def = std::to_string(f.get(d));
     if (std::strcmp(f.key, "threads") == 0) def = "0";
-    line(flag_of(f.key) + " N", std::string(f.help) + "; " + std::to_string(f.min) + ".." + std::to_string(f.max),
-         def, env_of(f.key));
+    line(flag_of(f.key) + " N", std::string(f.help) + "; " + std::to_string(f.min) + ".." + std::to_string(f.max), def,
+         env_of(f.key));
   }
   o << "\n"
        "Admin API and audit retention (JSON: \"admin\": {\"listen\", \"token_file\"},\n"

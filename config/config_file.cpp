@@ -62,10 +62,12 @@ class DuplicateKeyFinder {
       case json::parse_event_t::value:
         // A NUL would cut a path or a token where the C library reads it (a db path "a\u0000b"
         // opens "a"): no setting has a use for one.
-        if (parsed.is_string() && parsed.get_ref<const std::string&>().find('\0') != std::string::npos && !stack_.empty()) {
+        if (parsed.is_string() && parsed.get_ref<const std::string&>().find('\0') != std::string::npos &&
+            !stack_.empty()) {
           const Frame& top = stack_.back();
-          errors_->push_back((top.array ? top.path + "[" + std::to_string(top.next_index) + "]" : join(top.path, top.last_key)) +
-                             ": must not contain a NUL character (\\u0000)");
+          errors_->push_back(
+              (top.array ? top.path + "[" + std::to_string(top.next_index) + "]" : join(top.path, top.last_key)) +
+              ": must not contain a NUL character (\\u0000)");
         }
         if (!stack_.empty() && stack_.back().array) {
           Frame& top = stack_.back();
@@ -95,8 +97,7 @@ class DuplicateKeyFinder {
 
 std::string got(const json& j) { return j.dump(); }
 
-bool get_string(const json& j, const std::string& path, std::string& out,
-                std::vector<std::string>& errors) {
+bool get_string(const json& j, const std::string& path, std::string& out, std::vector<std::string>& errors) {
   if (!j.is_string()) {
     errors.push_back(path + ": must be a string (got " + got(j) + ")");
     return false;
@@ -104,7 +105,6 @@ bool get_string(const json& j, const std::string& path, std::string& out,
   out = j.get<std::string>();
   return true;
 }
-
 
 // "authority": {"etcd": ["http://..."], "election": "...", "grace_ms": N}. Values are checked by
 // validate(); here only their JSON types.
@@ -218,8 +218,8 @@ void parse_section(Config& c, const std::string& section, const json& j, std::ve
         if (!get_string(v, path, text, errors)) continue;
         break;
       case JsonKind::integer:
-        if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<std::uint64_t>() > INT64_MAX
-                                                               : v.get<std::int64_t>() < 0)) {
+        if (!v.is_number_integer() ||
+            (v.is_number_unsigned() ? v.get<std::uint64_t>() > INT64_MAX : v.get<std::int64_t>() < 0)) {
           errors.push_back(path + ": " + rows_error(got(v)));
           continue;
         }
@@ -254,8 +254,7 @@ void dedupe(std::vector<std::string>& errors) {
 
 }  // namespace
 
-bool parse_json_into(Config& c, std::string_view text, std::string_view source,
-                     std::vector<std::string>& errors) {
+bool parse_json_into(Config& c, std::string_view text, std::string_view source, std::vector<std::string>& errors) {
   json doc;
   std::vector<std::string> dup_errors;
   std::string where;  // the field being parsed
@@ -271,8 +270,7 @@ bool parse_json_into(Config& c, std::string_view text, std::string_view source,
     if (auto p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos) {
       what = what.substr(p + 2);
     }
-    errors.push_back(std::string(source) + ": invalid JSON (byte " + std::to_string(e.byte) +
-                     "): " + what);
+    errors.push_back(std::string(source) + ": invalid JSON (byte " + std::to_string(e.byte) + "): " + what);
     return false;
   } catch (const json::exception& e) {
     // e.g. a number out of range (1e400): still a bad file, never a crash (a reload must survive it).
@@ -280,7 +278,8 @@ bool parse_json_into(Config& c, std::string_view text, std::string_view source,
     if (auto p = what.find("] "); what.rfind("[json.exception.", 0) == 0 && p != std::string::npos) {
       what = what.substr(p + 2);
     }
-    errors.push_back(std::string(source) + ": invalid JSON" + (where.empty() ? std::string() : " in " + where) + ": " + what);
+    errors.push_back(std::string(source) + ": invalid JSON" + (where.empty() ? std::string() : " in " + where) + ": " +
+                     what);
     return false;
   }
   if (!doc.is_object()) {
@@ -304,8 +303,8 @@ bool parse_json_into(Config& c, std::string_view text, std::string_view source,
       parse_section(c, key, v, errors);
       continue;
     }
-    auto num = std::find_if(std::begin(kNumFields), std::end(kNumFields),
-                            [&](const NumField& f) { return key == f.key; });
+    auto num =
+        std::find_if(std::begin(kNumFields), std::end(kNumFields), [&](const NumField& f) { return key == f.key; });
     if (num != std::end(kNumFields)) {
       std::string err;
       if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<std::uint64_t>() > INT64_MAX)) {
@@ -316,8 +315,8 @@ bool parse_json_into(Config& c, std::string_view text, std::string_view source,
       if (!err.empty()) errors.push_back(key + ": " + err);
       continue;
     }
-    auto str = std::find_if(std::begin(kStrFields), std::end(kStrFields),
-                            [&](const StrField& f) { return key == f.key; });
+    auto str =
+        std::find_if(std::begin(kStrFields), std::end(kStrFields), [&](const StrField& f) { return key == f.key; });
     if (str != std::end(kStrFields)) {
       std::string s;
       if (get_string(v, key, s, errors)) {
@@ -361,6 +360,5 @@ LoadResult load_json(std::string_view json_text, std::string_view source) {
   if (parse_json_into(c, json_text, source, errors)) validate(c, errors);
   return finish(std::move(c), std::move(errors));
 }
-
 
 }  // namespace fencegate::config

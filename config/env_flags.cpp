@@ -24,11 +24,10 @@ namespace {
 
 const char* process_env(const char* name) { return std::getenv(name); }
 
-
 // Every flag `fencegate serve` takes, by canonical name ("--threads").
 std::set<std::string> serve_flags() {
-  std::set<std::string> known = {"--config", "--upstream", "--resource", "--mode", "--authority-etcd",
-                                 "--authority-election", "--authority-grace-ms"};
+  std::set<std::string> known = {"--config",         "--upstream",           "--resource",          "--mode",
+                                 "--authority-etcd", "--authority-election", "--authority-grace-ms"};
   for (const NumField& f : kNumFields) known.insert(flag_of(f.key));
   for (const StrField& f : kStrFields) known.insert(flag_of(f.key));
   for (const SectionField& f : kSectionFields) known.insert(flag_of(f.key));
@@ -127,9 +126,7 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
       case flags::Kind::value_on_boolean:  // serve has no boolean flags
         errors.push_back(item.name + ": unknown flag (see --help)");
         break;
-      case flags::Kind::missing_value:
-        errors.push_back(item.name + ": missing value");
-        break;
+      case flags::Kind::missing_value: errors.push_back(item.name + ": missing value"); break;
       case flags::Kind::flag:
         if (item.inline_value && item.value.empty()) {
           errors.push_back(item.name + ": missing value");  // "--db=" (while "--db ''" is a value)
@@ -247,8 +244,8 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
     }
     if (auth_etcd || auth_election || auth_grace) {
       if (!auth_etcd) {
-        errors.push_back((auth_election ? auth_election : auth_grace)->source + ": needs " +
-                         flag_of("authority_etcd") + " too (or " + env_of("authority_etcd") + ")");
+        errors.push_back((auth_election ? auth_election : auth_grace)->source + ": needs " + flag_of("authority_etcd") +
+                         " too (or " + env_of("authority_etcd") + ")");
       } else if (!auth_election) {
         errors.push_back(auth_etcd->source + ": needs " + flag_of("authority_election") + " too (or " +
                          env_of("authority_election") + ")");
@@ -304,17 +301,18 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
     if (!config_file) {
       // The flag-only route's fields came from a flag or env variable: name that, not routes[0].
       for (std::size_t i = before; i < errors.size(); ++i) {
-        for (const auto& [field, given] : {std::pair{"routes[0].upstream: ", upstream},
-                                           std::pair{"routes[0].resource: ", resource},
-                                           std::pair{"routes[0].authority.etcd", auth_etcd},
-                                           std::pair{"routes[0].authority.election: ", auth_election},
-                                           std::pair{"routes[0].authority.grace_ms: ", auth_grace}}) {
+        for (const auto& [field, given] :
+             {std::pair{"routes[0].upstream: ", upstream}, std::pair{"routes[0].resource: ", resource},
+              std::pair{"routes[0].authority.etcd", auth_etcd},
+              std::pair{"routes[0].authority.election: ", auth_election},
+              std::pair{"routes[0].authority.grace_ms: ", auth_grace}}) {
           std::string_view f = field;
           if (given && errors[i].rfind(f, 0) == 0) {
             // "routes[0].authority.etcd[1]: ..." -> "--authority-etcd: ..." (the message quotes the URL).
             std::string rest = errors[i].substr(f.size());
             if (rest.rfind(": ", 0) == 0) rest = rest.substr(2);
-            if (rest.rfind("[", 0) == 0 && rest.find("]: ") != std::string::npos) rest = rest.substr(rest.find("]: ") + 3);
+            if (rest.rfind("[", 0) == 0 && rest.find("]: ") != std::string::npos)
+              rest = rest.substr(rest.find("]: ") + 3);
             errors[i] = given->source + ": " + rest;
           }
         }

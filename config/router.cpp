@@ -16,8 +16,8 @@ constexpr std::size_t kMaxResourceTemplate = 200;
 char ascii_lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 
 bool is_capture_char(char c) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '~' || c == '-';
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+         c == '~' || c == '-';
 }
 
 bool is_name_start(char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; }
@@ -67,8 +67,8 @@ std::string check_target(std::string_view target) {
     int b = hi * 16 + lo;
     // An upstream may decode any of these (RFC 3986 normalises encoded unreserved characters),
     // turning a path we fenced under one route into another route's path: refuse them.
-    const bool unreserved = (b >= 'A' && b <= 'Z') || (b >= 'a' && b <= 'z') || (b >= '0' && b <= '9') ||
-                            b == '-' || b == '.' || b == '_' || b == '~';
+    const bool unreserved = (b >= 'A' && b <= 'Z') || (b >= 'a' && b <= 'z') || (b >= '0' && b <= '9') || b == '-' ||
+                            b == '.' || b == '_' || b == '~';
     if (unreserved || b == '/' || b == '\\' || b == '%' || b == ';' || b < 0x20 || b == 0x7f) {
       return "percent-encoded unreserved character, '/', '\\', '%', ';' or control byte in path (" +
              std::string(path.substr(i, 3)) + ")";
@@ -250,8 +250,7 @@ std::string check_route_template(const Route& r) {
     if (c == '}') return "resource: unbalanced '}'";
     if (c != '{') {
       if (!is_capture_char(c) && c != ':') {
-        return "resource: character '" + std::string(1, c) +
-               "' not allowed (use [A-Za-z0-9._~:-] and {captures})";
+        return "resource: character '" + std::string(1, c) + "' not allowed (use [A-Za-z0-9._~:-] and {captures})";
       }
       continue;
     }
@@ -260,8 +259,7 @@ std::string check_route_template(const Route& r) {
     std::string_view name = std::string_view(res).substr(i + 1, close - i - 1);
     if (name.find('{') != std::string_view::npos) return "resource: unbalanced '{'";
     if (!is_valid_name(name)) return "resource: bad capture name \"" + std::string(name) + "\"";
-    bool defined = std::any_of(parts.begin(), parts.end(),
-                               [&](const Part& p) { return p.capture && p.text == name; });
+    bool defined = std::any_of(parts.begin(), parts.end(), [&](const Part& p) { return p.capture && p.text == name; });
     if (!defined) {
       return "resource: uses {" + std::string(name) + "}, which the prefix does not capture";
     }
@@ -393,7 +391,8 @@ Router::Match Router::match(std::string_view target) const {
   // An upstream that routes without regard to letter case (Express's and ASP.NET Core's default)
   // would take "/Tenants/acme/x" for "/tenants/acme/x": a path that matches another route once
   // case is ignored is refused, not fenced under the route its exact case reaches.
-  if (best != nullptr && (has_upper_literal_ || std::any_of(path.begin(), path.end(), [](char c) { return c >= 'A' && c <= 'Z'; }))) {
+  if (best != nullptr &&
+      (has_upper_literal_ || std::any_of(path.begin(), path.end(), [](char c) { return c >= 'A' && c <= 'Z'; }))) {
     std::vector<Capture> folded_caps;
     const Compiled* folded = select(true, folded_caps, best);
     if (m.outcome == Outcome::bad_target) return m;

@@ -25,8 +25,8 @@ void check_authority(Authority& a, const std::string& path, std::vector<std::str
   for (std::size_t i = 0; i < a.etcd.size(); ++i) {
     Endpoint ep;
     if (auto e = parse_upstream(a.etcd[i], ep); !e.empty()) {
-      errors.push_back(path + ".etcd[" + std::to_string(i) + "]: must be an etcd client URL \"http://host:port\" (got " +
-                       quote(a.etcd[i]) + ")");
+      errors.push_back(path + ".etcd[" + std::to_string(i) +
+                       "]: must be an etcd client URL \"http://host:port\" (got " + quote(a.etcd[i]) + ")");
       continue;
     }
     std::string u = "http://" + ep.to_string();
@@ -85,21 +85,21 @@ void validate(Config& c, std::vector<std::string>& errors) {
         c.admin.token = std::move(token);
       }
     }
-  } else if (!c.admin.listen.host.empty() && c.admin.token.empty() &&
-             !is_loopback_host(c.admin.listen.host)) {
+  } else if (!c.admin.listen.host.empty() && c.admin.token.empty() && !is_loopback_host(c.admin.listen.host)) {
     // (A Config built in code may set admin.token directly; the loaders only fill it from the file.)
-    errors.push_back("admin.listen: binding the admin API to a non-loopback address (" +
-                     c.admin.listen.host + ") requires admin.token_file");
+    errors.push_back("admin.listen: binding the admin API to a non-loopback address (" + c.admin.listen.host +
+                     ") requires admin.token_file");
   }
   auto wildcard = [](const std::string& h) { return h == "0.0.0.0" || h == "::" || h == "[::]"; };
   if (!c.listen.host.empty() && c.listen.port != 0 && c.admin.listen.port == c.listen.port &&
-      (lower(c.admin.listen.host) == lower(c.listen.host) || wildcard(c.listen.host) || wildcard(c.admin.listen.host))) {
+      (lower(c.admin.listen.host) == lower(c.listen.host) || wildcard(c.listen.host) ||
+       wildcard(c.admin.listen.host))) {
     if (lower(c.admin.listen.host) == lower(c.listen.host))
       errors.push_back("admin.listen: must differ from listen (both are " + quote(c.listen.to_string()) + ")");
     else
       errors.push_back("admin.listen: must differ from listen (" + quote(c.admin.listen.to_string()) + " and " +
-                       quote(c.listen.to_string()) + ": a wildcard address takes port " + std::to_string(c.listen.port) +
-                       " on every address)");
+                       quote(c.listen.to_string()) + ": a wildcard address takes port " +
+                       std::to_string(c.listen.port) + " on every address)");
   }
   if (c.db.empty()) errors.push_back("db: must not be empty");
   // A newline or other control character in the path (a stray "\n" from a secret or a heredoc)
@@ -150,8 +150,8 @@ void validate(Config& c, std::vector<std::string>& errors) {
       }
       auto [it, fresh] = seen.emplace(shape, i);
       if (!fresh) {
-        errors.push_back(name + ".prefix: same as routes[" + std::to_string(it->second) +
-                         "].prefix (" + quote(c.routes[it->second].prefix) + ")");
+        errors.push_back(name + ".prefix: same as routes[" + std::to_string(it->second) + "].prefix (" +
+                         quote(c.routes[it->second].prefix) + ")");
       }
     }
     if (r.upstream.empty()) {
@@ -165,8 +165,8 @@ void validate(Config& c, std::vector<std::string>& errors) {
     for (std::size_t m = 0; m < r.write_methods.size(); ++m) {
       if (!is_upper_method(r.write_methods[m])) {
         errors.push_back(name + ".write_methods[" + std::to_string(m) +
-                         "]: must be an upper-case HTTP method such as \"POST\" (got " +
-                         quote(r.write_methods[m]) + ")");
+                         "]: must be an upper-case HTTP method such as \"POST\" (got " + quote(r.write_methods[m]) +
+                         ")");
       }
     }
     if (r.authority) check_authority(*r.authority, name + ".authority", errors);
@@ -191,10 +191,12 @@ void validate(Config& c, std::vector<std::string>& errors) {
       if (ri.mode == Mode::off || !check_route_template(ri).empty()) continue;
       // The same election through the same endpoints is one authority, whatever the order of the
       // endpoints or the grace.
-      auto endpoints = [](const Route& r) { return std::set<std::string>(r.authority->etcd.begin(), r.authority->etcd.end()); };
-      const bool same_authority =
-          ri.authority ? (rj.authority && ri.authority->election == rj.authority->election && endpoints(ri) == endpoints(rj))
-                       : !rj.authority;
+      auto endpoints = [](const Route& r) {
+        return std::set<std::string>(r.authority->etcd.begin(), r.authority->etcd.end());
+      };
+      const bool same_authority = ri.authority ? (rj.authority && ri.authority->election == rj.authority->election &&
+                                                  endpoints(ri) == endpoints(rj))
+                                               : !rj.authority;
       if ((ri.mode == rj.mode && same_authority) || !resource_templates_overlap(ri.resource, rj.resource)) continue;
       // "/tenants/{t}/" -> "tenant-{t}" beside "/tenants/acme/" -> "tenant-acme": every path that
       // would give the template route that name goes to the literal one (one tenant migrated to
@@ -203,8 +205,8 @@ void validate(Config& c, std::vector<std::string>& errors) {
       const std::string both = "its resource " + quote(rj.resource) + " can be the resource " + quote(ri.resource) +
                                " of routes[" + std::to_string(i) + "] (" + quote(ri.prefix) + ")";
       if (ri.mode != rj.mode)
-        errors.push_back("routes[" + std::to_string(j) + "].mode: " + std::string(to_string(rj.mode)) + ", but " + both +
-                         ", which is " + std::string(to_string(ri.mode)) +
+        errors.push_back("routes[" + std::to_string(j) + "].mode: " + std::string(to_string(rj.mode)) + ", but " +
+                         both + ", which is " + std::string(to_string(ri.mode)) +
                          "d; a resource is fenced in one mode: give both routes the same mode, or different resources");
       else
         errors.push_back("routes[" + std::to_string(j) + "].authority: " + authority_of(rj) + ", but " + both +
@@ -214,7 +216,6 @@ void validate(Config& c, std::vector<std::string>& errors) {
     }
   }
 }
-
 
 std::vector<std::string> reload_incompatibilities(const Config& current, const Config& next) {
   std::vector<std::string> errors;
@@ -242,6 +243,5 @@ std::vector<std::string> reload_incompatibilities(const Config& current, const C
     if (!a.count(prefix)) check(("routes[prefix " + quote(prefix) + "].authority").c_str(), "none", id);
   return errors;
 }
-
 
 }  // namespace fencegate::config

@@ -130,7 +130,8 @@ int Elect::stop_command(pid_t pid, int first, bool* have_status, Clock::time_poi
       break;
     }
     if (!killed && Clock::now() >= kill_at) {
-      log::warn("command still running after the grace period: SIGKILL", {log::kv("pid", pid), log::kv("grace_ms", f_.grace_ms)});
+      log::warn("command still running after the grace period: SIGKILL",
+                {log::kv("pid", pid), log::kv("grace_ms", f_.grace_ms)});
       kill(-pid, SIGKILL);
       killed = true;
     }
@@ -164,9 +165,10 @@ Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, const LeaderKe
     }
     if (keeper.valid()) extend_guardian(guardian, keeper.deadline() + keeper.margin());
     if (!keeper.valid()) {
-      log::error("leadership lost: stopping the command",
-                 {log::kv("state", LeaseKeeper::to_string(keeper.state())), log::kv("token", token), log::kv("pid", pid),
-                  log::kv("late_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - keeper.deadline()).count())});
+      log::error(
+          "leadership lost: stopping the command",
+          {log::kv("state", LeaseKeeper::to_string(keeper.state())), log::kv("token", token), log::kv("pid", pid),
+           log::kv("late_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - keeper.deadline()).count())});
       // etcd may expire the lease (and elect the next leader) from deadline + margin on: the
       // command gets SIGKILL by then if --grace-ms would run past it, so that it never runs on
       // while a successor leads.
@@ -174,8 +176,9 @@ Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, const LeaderKe
       if (Clock::now() + milliseconds(f_.grace_ms) > expiry)
         log::warn("the grace period is cut to the lease's earliest expiry",
                   {log::kv("grace_ms", f_.grace_ms),
-                   log::kv("left_ms", std::max<std::int64_t>(
-                                          0, std::chrono::duration_cast<milliseconds>(expiry - Clock::now()).count()))});
+                   log::kv("left_ms",
+                           std::max<std::int64_t>(
+                               0, std::chrono::duration_cast<milliseconds>(expiry - Clock::now()).count()))});
       bool have = false;
       wstatus = stop_command(pid, SIGTERM, &have, expiry);
       lost = true;
@@ -199,7 +202,8 @@ Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, const LeaderKe
       // "reload", which would not stop it before the SIGKILL).
       const int pass = sig == SIGHUP || sig == SIGQUIT ? SIGTERM : sig;
       if (!forwarded) {
-        log::info("passing the signal to the command", {log::kv("signal", sig), log::kv("sent", pass), log::kv("pid", pid)});
+        log::info("passing the signal to the command",
+                  {log::kv("signal", sig), log::kv("sent", pass), log::kv("pid", pid)});
         forwarded = pass;
         kill_at = Clock::now() + milliseconds(f_.grace_ms);
       }
@@ -251,8 +255,9 @@ int Elect::run() {
     LeaderKey lk;
     Status cst;
     for (;;) {
-      w = run_watched([&](const std::atomic<bool>& cancel) { cst = client_.campaign(f_.election, lease, f_.id, &lk, &cancel); },
-                      keeper.get());
+      w = run_watched(
+          [&](const std::atomic<bool>& cancel) { cst = client_.campaign(f_.election, lease, f_.id, &lk, &cancel); },
+          keeper.get());
       // A campaign cut off (etcd restarted, a broken connection) while the lease is still valid
       // campaigns again with it: etcd takes up the lease's key where it is in line. A new lease
       // would queue a second key behind the first, which leads with no process behind it.
@@ -285,8 +290,9 @@ int Elect::run() {
     Status lst = client_.leader(f_.election, &cur);
     if (!lst.ok() || cur.key != lk.key || cur.create_revision != lk.rev || !keeper->valid()) {
       log::warn("elected, but the leader key is not ours any more; starting over",
-                {log::kv("error", lst.ok() ? std::string("leader key ") + cur.key + " rev " + std::to_string(cur.create_revision)
-                                           : lst.to_string())});
+                {log::kv("error",
+                         lst.ok() ? std::string("leader key ") + cur.key + " rev " + std::to_string(cur.create_revision)
+                                  : lst.to_string())});
       give_up(*keeper, lk);
       if (int sig = sleep_watching(backoff)) return 128 + sig;
       continue;
@@ -350,8 +356,10 @@ int Elect::run() {
       give_up(*keeper, lk);
       return kExitUnavailable;
     }
-    log::info("command started", {log::kv("pid", pid), log::kv("token", token), log::kv("command", f_.command.front())});
-    if (guardian.pid < 0) log::warn("could not start the command's guardian: if elect is killed, the command's children may outlive it");
+    log::info("command started",
+              {log::kv("pid", pid), log::kv("token", token), log::kv("command", f_.command.front())});
+    if (guardian.pid < 0)
+      log::warn("could not start the command's guardian: if elect is killed, the command's children may outlive it");
     const Supervised ended = supervise(pid, token, lk, *keeper, guard, guardian);
     const int wstatus = ended.wstatus;
     const bool lost = ended.lost;

@@ -7,8 +7,8 @@
 
 namespace fencegate::election {
 
-using detail::json;
 using detail::i64;
+using detail::json;
 using detail::str64;
 
 bool parse_endpoint_list(std::string_view csv, std::vector<std::string>* out, std::string* err) {
@@ -136,7 +136,8 @@ namespace {
 // Parses a 200 body; Protocol error if it is not a JSON object.
 Status parse_object(const std::string& text, json* out) {
   *out = json::parse(text, nullptr, false);
-  if (out->is_discarded() || !out->is_object()) return Status::Protocol("etcd answered non-JSON: " + text.substr(0, 200));
+  if (out->is_discarded() || !out->is_object())
+    return Status::Protocol("etcd answered non-JSON: " + text.substr(0, 200));
   return Status::OK();
 }
 }  // namespace
@@ -208,12 +209,14 @@ Status Client::campaign(std::string_view name, std::int64_t lease_id, std::strin
   json j;
   if (st = parse_object(text, &j); !st.ok()) return st;
   auto it = j.find("leader");
-  if (it == j.end() || !it->is_object()) return Status::Protocol("campaign answer without leader: " + text.substr(0, 200));
+  if (it == j.end() || !it->is_object())
+    return Status::Protocol("campaign answer without leader: " + text.substr(0, 200));
   out->name = detail::bytes(*it, "name");
   out->key = detail::bytes(*it, "key");
   out->rev = i64(*it, "rev");
   out->lease = i64(*it, "lease");
-  if (out->key.empty() || out->rev <= 0) return Status::Protocol("campaign answer without key or rev: " + text.substr(0, 200));
+  if (out->key.empty() || out->rev <= 0)
+    return Status::Protocol("campaign answer without key or rev: " + text.substr(0, 200));
   return Status::OK();
 }
 

@@ -103,8 +103,8 @@ class Client {
   // The raw call: POSTs `body` to `path` (e.g. "/v3/kv/range") and returns the JSON text of a
   // 200 answer in *out, or the etcd error. `timeout` is shared among the endpoints (an attempt
   // on one that does not answer gets an equal share of the time left, then the next is tried).
-  Status call(std::string_view path, const std::string& body, std::string* out,
-              std::chrono::milliseconds timeout, const std::atomic<bool>* cancel = nullptr);
+  Status call(std::string_view path, const std::string& body, std::string* out, std::chrono::milliseconds timeout,
+              const std::atomic<bool>* cancel = nullptr);
 
  private:
   // call(); share=false gives the whole timeout to one attempt (campaign: it waits, cancellably).

@@ -53,7 +53,8 @@ FenceResult fence_one(const FenceBarrierOptions& f, const HttpUrl& url, const st
       return FenceResult::refused;
     }
     last = st.ok() ? "HTTP " + std::to_string(r.status) + " " + r.body.substr(0, 200) : st.to_string();
-    log::warn("fence not reached, retrying", {log::kv("fence", url_text), log::kv("attempt", attempt), log::kv("error", last)});
+    log::warn("fence not reached, retrying",
+              {log::kv("fence", url_text), log::kv("attempt", attempt), log::kv("error", last)});
     for (auto until = std::min(deadline, Clock::now() + 250ms); Clock::now() < until && !cancel;)
       std::this_thread::sleep_for(10ms);
     if (cancel) return FenceResult::cancelled;

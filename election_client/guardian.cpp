@@ -83,7 +83,9 @@ Guardian start_guardian(pid_t group, Clock::time_point expiry) {
       const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
       if (now_ns >= expiry_ns) break;
       const std::int64_t left_ms = (expiry_ns - now_ns + 999999) / 1000000;
-      struct pollfd pfd {3, POLLIN, 0};
+      struct pollfd pfd {
+        3, POLLIN, 0
+      };
       const int r = poll(&pfd, 1, static_cast<int>(std::min<std::int64_t>(left_ms, 60000)));
       if (r < 0 && errno != EINTR) break;
       if (r <= 0) continue;
@@ -115,7 +117,8 @@ void note_inherited_fds() {
   while (dirent* e = readdir(d)) {
     char* end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
-    if (end && *end == '\0' && e->d_name[0] != '\0' && fd >= 3 && fd != own) inherited_fds().push_back(static_cast<int>(fd));
+    if (end && *end == '\0' && e->d_name[0] != '\0' && fd >= 3 && fd != own)
+      inherited_fds().push_back(static_cast<int>(fd));
   }
   closedir(d);
 }
@@ -227,9 +230,7 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
   close(report[1]);
   close(go[0]);
   *guardian = start_guardian(pid, expiry);
-  {
-    [[maybe_unused]] auto w = write(go[1], "g", 1);
-  }
+  { [[maybe_unused]] auto w = write(go[1], "g", 1); }
   close(go[1]);
   int child_errno = 0;
   ssize_t n;

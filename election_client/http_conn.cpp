@@ -151,7 +151,8 @@ struct HttpConnection::Impl {
     http::request<http::string_body> req{http::verb::post, target, 11};
     // An IPv6 literal goes in brackets (RFC 9110 7.2): "::1:9901" is no host[:port].
     const std::string& h = ep().host;
-    req.set(http::field::host, (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + std::to_string(ep().port));
+    req.set(http::field::host,
+            (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + std::to_string(ep().port));
     req.set(http::field::content_type, "application/json");
     req.set(http::field::user_agent, "fencegate-election");
     for (const auto& [k, v] : headers) req.set(k, v);
@@ -302,9 +303,9 @@ Status HttpConnection::stream(std::string_view target, std::string_view body, st
     const bool was_reused = m.stream.has_value() && m.reused;
     const std::string origin = m.ep().origin();
     bool cancelled = false;
-    Attempt a = m.run(m.streaming(std::string(target), std::string(body), deadline, idle_timeout, &on_line,
-                                  error_response),
-                      cancel, &cancelled);
+    Attempt a =
+        m.run(m.streaming(std::string(target), std::string(body), deadline, idle_timeout, &on_line, error_response),
+              cancel, &cancelled);
     if (cancelled) {
       m.drop();
       return Status::Cancelled();
@@ -313,8 +314,8 @@ Status HttpConnection::stream(std::string_view target, std::string_view body, st
       if (a.status != 200) return Status::Http(a.status, "stream refused by " + origin);
       if (a.stopped) return Status::OK();
       if (a.ended) return Status::Unavailable(origin + ": stream ended");
-      return Status::Unavailable(origin + ": stream broke: " +
-                                 (a.ec == beast::error::timeout ? std::string("idle timeout") : a.ec.message()));
+      return Status::Unavailable(
+          origin + ": stream broke: " + (a.ec == beast::error::timeout ? std::string("idle timeout") : a.ec.message()));
     }
     m.drop();
     if (!errors.empty()) errors += "; ";

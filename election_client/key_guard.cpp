@@ -31,8 +31,8 @@ struct KeyGuard::Probe {
       if (stopping) return;
       lk.unlock();
       std::vector<KeyValue> kvs;
-      const bool absent = client.range(leader.key, "", &kvs).ok() &&
-                          (kvs.empty() || kvs.front().create_revision != leader.rev);
+      const bool absent =
+          client.range(leader.key, "", &kvs).ok() && (kvs.empty() || kvs.front().create_revision != leader.rev);
       lk.lock();
       if (absent && !stopping) {
         gone = true;

@@ -140,10 +140,8 @@ void LeaseKeeper::loop() {
       sent_ = sent;
       deadline_ = std::max(deadline_, d);
       next_renew = sent + renew_every();
-      if (Clock::now() >= d)
-        change(State::jeopardy, "renewal evidence arrived after its deadline (process paused?)");
-      else if (state_ == State::jeopardy)
-        change(State::active, "renewed");
+      if (Clock::now() >= d) change(State::jeopardy, "renewal evidence arrived after its deadline (process paused?)");
+      else if (state_ == State::jeopardy) change(State::active, "renewed");
     } else if (st.ok()) {
       change(State::lost, "etcd says the lease is gone (keepalive without TTL)");
       break;

@@ -5,8 +5,8 @@
 
 namespace fencegate::election {
 
-using detail::json;
 using detail::i64;
+using detail::json;
 
 const char* Watch::to_string(State s) {
   switch (s) {
@@ -83,11 +83,13 @@ void Watch::loop() {
     if (next_revision_.load() > 0) create["start_revision"] = std::to_string(next_revision_.load());
     json req = {{"create_request", create}};
     compacted_ = false;
-    Status st = conn.stream("/v3/watch", req.dump(), options_.client.request_timeout, options_.idle_timeout,
-                            [this](std::string_view line) { return on_line(line); }, &stopping_);
+    Status st = conn.stream(
+        "/v3/watch", req.dump(), options_.client.request_timeout, options_.idle_timeout,
+        [this](std::string_view line) { return on_line(line); }, &stopping_);
     if (stopping_) break;
     if (compacted_) {
-      if (on_state_) on_state_(State::compacted, compact_revision_, Status::Etcd(11, "required revision has been compacted"));
+      if (on_state_)
+        on_state_(State::compacted, compact_revision_, Status::Etcd(11, "required revision has been compacted"));
       return;
     }
     if (st.ok()) st = Status::Protocol("watch stream ended with an error");

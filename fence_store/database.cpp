@@ -65,15 +65,13 @@ constexpr std::array<Migration, Store::kSchemaVersion> kMigrations = {migrate_0_
 std::string migrate(sqlite3* db, const std::string& path) {
   std::int64_t version = 0;
   std::string msg;
-  if (!query_int(db, "PRAGMA user_version", &version, &msg))
-    return "cannot read database " + path + ": " + msg;
+  if (!query_int(db, "PRAGMA user_version", &version, &msg)) return "cannot read database " + path + ": " + msg;
   if (version > Store::kSchemaVersion)
     return "database " + path + " has schema version " + std::to_string(version) +
            ", newer than this fencegate supports (" + std::to_string(Store::kSchemaVersion) +
            "); upgrade fencegate or point it at another database";
   for (auto v = version; v < Store::kSchemaVersion; ++v) {
-    if (auto e = exec(db, "BEGIN IMMEDIATE"); !e.empty())
-      return "cannot migrate database " + path + ": " + e;
+    if (auto e = exec(db, "BEGIN IMMEDIATE"); !e.empty()) return "cannot migrate database " + path + ": " + e;
     std::string e = kMigrations[static_cast<std::size_t>(v)](db);
     if (e.empty()) e = exec(db, ("PRAGMA user_version = " + std::to_string(v + 1)).c_str());
     if (e.empty()) e = exec(db, "COMMIT");
@@ -163,8 +161,8 @@ std::string owned_name(const std::string& path, std::string* out) {
   if (S_ISLNK(st.st_mode)) {
     char buf[PATH_MAX];
     if (::realpath(path.c_str(), buf) == nullptr)
-      return "cannot open database " + path + ": it is a symbolic link, and what it names cannot be resolved: " +
-             std::strerror(errno);
+      return "cannot open database " + path +
+             ": it is a symbolic link, and what it names cannot be resolved: " + std::strerror(errno);
     *out = buf;
     if (::stat(buf, &st) != 0) return "cannot open database " + path + ": " + std::strerror(errno);
   } else {
@@ -184,20 +182,16 @@ int take_lock(const std::string& path, std::string* error, int* db_fd) {
   if (fd < 0) {
     int e = errno;
     std::string dir = parent_dir(path);
-    if (e == ENOENT && !is_dir(dir))
-      *error = "cannot open database " + path + ": directory " + dir + " does not exist";
-    else
-      *error = "cannot open database " + path + ": cannot create lock file " + lock_path + ": " + std::strerror(e);
+    if (e == ENOENT && !is_dir(dir)) *error = "cannot open database " + path + ": directory " + dir + " does not exist";
+    else *error = "cannot open database " + path + ": cannot create lock file " + lock_path + ": " + std::strerror(e);
     return -1;
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     int e = errno;
     ::close(fd);
     if (e == EWOULDBLOCK)
-      *error = "database " + path + " is already owned by another fencegate (lock file " + lock_path +
-               " is held)";
-    else
-      *error = "cannot lock " + lock_path + " for database " + path + ": " + std::strerror(e);
+      *error = "database " + path + " is already owned by another fencegate (lock file " + lock_path + " is held)";
+    else *error = "cannot lock " + lock_path + " for database " + path + ": " + std::strerror(e);
     return -1;
   }
   // The database file itself is locked too: with the lock file deleted (a cleanup script, an
@@ -220,8 +214,7 @@ int take_lock(const std::string& path, std::string* error, int* db_fd) {
     if (e == EWOULDBLOCK)
       *error = "database " + path + " is already owned by another fencegate (the database file is locked; was " +
                lock_path + " deleted?)";
-    else
-      *error = "cannot lock database " + path + ": " + std::strerror(e);
+    else *error = "cannot lock database " + path + ": " + std::strerror(e);
     return -1;
   }
   return fd;
@@ -257,7 +250,6 @@ void size_wal(sqlite3* db, const std::string& path) {
   exec(db, ("PRAGMA cache_size = " + std::to_string(cache)).c_str());
 }
 }  // namespace
-
 
 // A real write transaction that changes nothing: the schema version rewritten as it is (page 1
 // is written and synced). Returns "" or SQLite's error.

@@ -39,8 +39,7 @@ std::int64_t now_ms() {
 
 // ---- Audit queries: one prepared statement per combination of filters, prepared on first use. ----
 
-constexpr unsigned kResource = 1, kDecision = 2, kLeader = 4, kSince = 8, kUntil = 16, kBefore = 32,
-                   kAfter = 64;
+constexpr unsigned kResource = 1, kDecision = 2, kLeader = 4, kSince = 8, kUntil = 16, kBefore = 32, kAfter = 64;
 constexpr unsigned kFilterCount = 128;  // every combination of the filters above
 
 std::string audit_query_sql(unsigned mask) {
@@ -69,8 +68,9 @@ std::string unfenced_query_sql(unsigned mask) {
       " 'would_reject_malformed')";
   if (mask & kUnfencedResource) sql += " AND resource = :resource";
   if (mask & kUnfencedSince) sql += " AND time_ms >= :since";
-  sql += " GROUP BY resource, client, user_agent, leader"
-         " ORDER BY max(time_ms) DESC, resource, client, user_agent, leader LIMIT :limit";
+  sql +=
+      " GROUP BY resource, client, user_agent, leader"
+      " ORDER BY max(time_ms) DESC, resource, client, user_agent, leader LIMIT :limit";
   return sql;
 }
 
@@ -93,7 +93,8 @@ class Reader {
   std::vector<ResourceState> load_all(Status* status) {
     std::vector<ResourceState> out;
     if (!load_all_ && !prepare("SELECT resource, generation, advanced_at_ms, advanced_by FROM resources"
-                               " ORDER BY resource", &load_all_, status))
+                               " ORDER BY resource",
+                               &load_all_, status))
       return out;
     int rc;
     while ((rc = sqlite3_step(load_all_)) == SQLITE_ROW) {
@@ -183,8 +184,7 @@ class Reader {
   }
   void finish(sqlite3_stmt* st, int rc, Status* status) {
     if (status)
-      *status = rc == SQLITE_DONE ? Status::OK()
-                                  : Status::Error(std::string("query failed: ") + sqlite3_errmsg(db_));
+      *status = rc == SQLITE_DONE ? Status::OK() : Status::Error(std::string("query failed: ") + sqlite3_errmsg(db_));
     sqlite3_reset(st);
     sqlite3_clear_bindings(st);
   }
@@ -219,10 +219,9 @@ class OwnedStore final : public TestableStore {
         // Retention: each runs in autocommit mode, one chunk per transaction. A DELETE that matches
         // nothing writes no WAL frame, so an idle check costs an index probe and no fsync.
         "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)",
-        "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)",
-        "SELECT count(*) FROM audit"};
-    sqlite3_stmt** outs[] = {&begin_, &commit_, &rollback_, &upsert_, &insert_audit_,
-                             &prune_age_, &prune_oldest_, &count_audit_};
+        "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)", "SELECT count(*) FROM audit"};
+    sqlite3_stmt** outs[] = {&begin_,        &commit_,    &rollback_,     &upsert_,
+                             &insert_audit_, &prune_age_, &prune_oldest_, &count_audit_};
     for (std::size_t i = 0; i < std::size(sqls); ++i)
       if (sqlite3_prepare_v3(wdb_, sqls[i], -1, SQLITE_PREPARE_PERSISTENT, outs[i], nullptr) != SQLITE_OK)
         return "cannot prepare statements on database " + path_ + ": " + sqlite3_errmsg(wdb_);
@@ -572,7 +571,8 @@ class OwnedStore final : public TestableStore {
   // restart: fenced writes that need one fail closed. Store thread only.
   Status check_files() {
     if (files_lost_) return Status::Error(lost_why_);
-    struct stat a {}, b {};
+    struct stat a {
+    }, b{};
     const bool db_ok = ::fstat(db_lock_fd_, &a) == 0 && a.st_nlink > 0 && ::stat(path_.c_str(), &b) == 0 &&
                        a.st_dev == b.st_dev && a.st_ino == b.st_ino;
     const std::string wal = path_ + "-wal";
@@ -604,7 +604,8 @@ class OwnedStore final : public TestableStore {
       }
     } else {
       const std::string e = exec(wdb_, "PRAGMA wal_checkpoint(TRUNCATE)");
-      rescue = e.empty() ? "its commits were checkpointed into " + path_ : "checkpointing its commits failed (" + e + ")";
+      rescue =
+          e.empty() ? "its commits were checkpointed into " + path_ : "checkpointing its commits failed (" + e + ")";
     }
     lost_why_ = (db_ok ? "write-ahead log " + wal : "database file " + path_) +
                 " was deleted or replaced while fencegate had it open; " + rescue +
@@ -620,7 +621,8 @@ class OwnedStore final : public TestableStore {
     last_health_ = now;
     Status s = check_files();
     if (s.ok() && failing_) {
-      if (std::string e = write_probe(wdb_); !e.empty()) s = Status::Error("store commit failed on " + path_ + ": " + e);
+      if (std::string e = write_probe(wdb_); !e.empty())
+        s = Status::Error("store commit failed on " + path_ + ": " + e);
     }
     if (s.ok() && !failing_) return;  // healthy and known to be
     failing_ = !s.ok();

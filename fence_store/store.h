@@ -55,11 +55,10 @@ struct AuditRow {
 
 // Every decision an audit row can record (what the proxy writes; queries filter on these).
 inline constexpr std::array<std::string_view, 10> kAuditDecisions = {
-    "rejected_stale",     "rejected_missing",     "rejected_malformed",
-    "would_reject_stale", "would_reject_missing", "would_reject_malformed",
+    "rejected_stale", "rejected_missing", "rejected_malformed", "would_reject_stale", "would_reject_missing",
+    "would_reject_malformed",
     // authority-linked fencing (a route with an "authority")
-    "rejected_not_leader", "rejected_unknown_generation", "would_reject_not_leader",
-    "would_reject_unknown_generation"};
+    "rejected_not_leader", "rejected_unknown_generation", "would_reject_not_leader", "would_reject_unknown_generation"};
 
 struct AuditQuery {
   std::string resource, decision, leader;  // "" = any
@@ -123,8 +122,8 @@ class Store {
   // `resource` ("" = any) and with time_ms >= since_ms (0 = any time), grouped by (resource,
   // client, user_agent, leader), most recently seen first. limit is clamped to 1..1001.
   // Thread-safe; uses the read connection (works on read-only stores).
-  virtual std::vector<UnfencedGroup> query_unfenced(const std::string& resource, std::int64_t since_ms,
-                                                    int limit, Status* status) = 0;
+  virtual std::vector<UnfencedGroup> query_unfenced(const std::string& resource, std::int64_t since_ms, int limit,
+                                                    Status* status) = 0;
 
   // Audit retention, enforced in the background by the store thread: after commits (at most a few
   // times a second) and about every second when idle, it deletes rows with time_ms older than

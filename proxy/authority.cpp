@@ -119,7 +119,9 @@ AuthorityVerdict ElectionView::classify(std::int64_t g) const {
 // Authority
 
 Authority::Authority(config::Authority cfg, OnNewLeader on_new_leader)
-    : cfg_(std::move(cfg)), prefix_(election::election_prefix(cfg_.election)), on_new_leader_(std::move(on_new_leader)) {
+    : cfg_(std::move(cfg)),
+      prefix_(election::election_prefix(cfg_.election)),
+      on_new_leader_(std::move(on_new_leader)) {
   client_options_.endpoints = cfg_.etcd;
   client_options_.request_timeout = kRequestTimeout;
   client_options_.connect_timeout = kConnectTimeout;
@@ -215,8 +217,8 @@ void Authority::announce() {
   std::lock_guard al(announce_mu_);
   if (g <= announced_) return;
   announced_ = g;
-  log::info("authority: new leader", {log::kv("election", cfg_.election), log::kv("generation", g),
-                                      log::kv("leader", printable_or(id, ""))});
+  log::info("authority: new leader",
+            {log::kv("election", cfg_.election), log::kv("generation", g), log::kv("leader", printable_or(id, ""))});
   if (on_new_leader_) on_new_leader_(g, id);
 }
 
@@ -267,8 +269,7 @@ bool Authority::resync(election::Client& client) {
     after_change_locked();
     if (view_.leader_revision() < before && view_.leader_revision() != 0)
       log::warn("authority: the leader's generation went backwards (etcd restored from a snapshot?)",
-                {log::kv("election", cfg_.election), log::kv("was", before),
-                 log::kv("now", view_.leader_revision())});
+                {log::kv("election", cfg_.election), log::kv("was", before), log::kv("now", view_.leader_revision())});
   }
   announce();
   return true;
@@ -286,8 +287,9 @@ void Authority::fetch_ttl() {
                                       &text, kRequestTimeout);
   auto j = st.ok() ? nlohmann::json::parse(text, nullptr, false) : nlohmann::json();
   if (!j.is_object()) {  // retried on the next turn of the loop
-    log::debug("authority: lease TTL lookup failed", {log::kv("election", cfg_.election), log::kv("lease", lease),
-                                                      log::kv("error", st.ok() ? text.substr(0, 200) : st.to_string())});
+    log::debug("authority: lease TTL lookup failed",
+               {log::kv("election", cfg_.election), log::kv("lease", lease),
+                log::kv("error", st.ok() ? text.substr(0, 200) : st.to_string())});
     return;
   }
   std::int64_t granted = election::detail::i64(j, "grantedTTL");
@@ -298,8 +300,9 @@ void Authority::fetch_ttl() {
   // A lease that is already gone (TTL -1) leaves no window at all: its key is about to go.
   ttl_ms_ = remaining < 0 ? 1 : granted * 1000;
   if (ttl_ms_ <= 0) ttl_ms_ = 1;
-  log::info("authority: leader lease", {log::kv("election", cfg_.election), log::kv("lease", lease),
-                                        log::kv("granted_ttl_s", granted), log::kv("window_ms", window_locked().count())});
+  log::info("authority: leader lease",
+            {log::kv("election", cfg_.election), log::kv("lease", lease), log::kv("granted_ttl_s", granted),
+             log::kv("window_ms", window_locked().count())});
 }
 
 void Authority::on_batch(const election::WatchBatch& b) {
@@ -321,8 +324,8 @@ void Authority::on_watch_state(election::Watch::State s, std::int64_t revision, 
     std::lock_guard lk(mu_);
     view_.saw_revision(revision);  // (not contact either: see on_batch)
   } else if (s == S::compacted) {
-    log::warn("authority: watch compacted; resyncing", {log::kv("election", cfg_.election),
-                                                        log::kv("compact_revision", revision)});
+    log::warn("authority: watch compacted; resyncing",
+              {log::kv("election", cfg_.election), log::kv("compact_revision", revision)});
     {
       std::lock_guard lk(mu_);
       compacted_ = true;
@@ -401,7 +404,8 @@ void Authority::loop() {
       return stopping_ || compacted_ || (view_.leader_lease() != 0 && view_.leader_lease() != ttl_lease_);
     });
     // A TTL lookup wakes us at once; avoid spinning if it keeps failing.
-    if (!stopping_ && !compacted_ && view_.leader_lease() != ttl_lease_) cv_.wait_for(lk, kMinProbe, [&] { return stopping_; });
+    if (!stopping_ && !compacted_ && view_.leader_lease() != ttl_lease_)
+      cv_.wait_for(lk, kMinProbe, [&] { return stopping_; });
   }
   if (watch_) {
     watch_->stop();

@@ -101,8 +101,7 @@ std::size_t ChunkDecoder::feed(std::string_view in, std::string_view* data) {
         if (c != '\n') return fail("bare CR after the last chunk", i);
         state_ = State::done;
         return i + 1;
-      default:
-        break;
+      default: break;
     }
     ++i;
   }

@@ -38,8 +38,22 @@ class ChunkDecoder {
   std::uint64_t body_bytes() const { return total_; }
 
  private:
-  enum class State { size, size_ws, ext, size_lf, data, data_cr, data_lf, trailer, trailer_name,
-                     trailer_value, trailer_lf, final_lf, done, error };
+  enum class State {
+    size,
+    size_ws,
+    ext,
+    size_lf,
+    data,
+    data_cr,
+    data_lf,
+    trailer,
+    trailer_name,
+    trailer_value,
+    trailer_lf,
+    final_lf,
+    done,
+    error
+  };
   std::size_t fail(const char* why, std::size_t consumed);
 
   std::uint64_t max_body_;
