@@ -70,7 +70,7 @@ std::vector<std::string> unknown_env_warnings(const std::vector<std::string>& pr
   static const std::set<std::string> known = serve_env_names();
   std::vector<std::string> out;
   for (const std::string& name : present) {
-    if (name.rfind("FENCEGATE_", 0) != 0 || known.count(name)) continue;
+    if (name.rfind("FENCEGATE_", 0) != 0 || known.contains(name)) continue;
     std::string w = name + ": unknown environment variable, ignored";
     std::string best;
     std::size_t best_d = 3;
@@ -104,6 +104,7 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
   // starts with "--" is taken for the next flag ("--db --threads 2": --db has no value).
   const std::set<std::string> known = serve_flags();
   std::vector<flags::Flag> known_flags;
+  known_flags.reserve(known.size());
   for (const std::string& name : known) known_flags.push_back({name});
   flags::Rules rules;
   rules.value_may_start_with_dashes = false;
@@ -311,7 +312,7 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
             // "routes[0].authority.etcd[1]: ..." -> "--authority-etcd: ..." (the message quotes the URL).
             std::string rest = errors[i].substr(f.size());
             if (rest.rfind(": ", 0) == 0) rest = rest.substr(2);
-            if (rest.rfind("[", 0) == 0 && rest.find("]: ") != std::string::npos)
+            if (rest.rfind('[', 0) == 0 && rest.find("]: ") != std::string::npos)
               rest = rest.substr(rest.find("]: ") + 3);
             errors[i] = given->source + ": " + rest;
           }

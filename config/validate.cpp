@@ -240,7 +240,7 @@ std::vector<std::string> reload_incompatibilities(const Config& current, const C
     check(("routes[prefix " + quote(prefix) + "].authority").c_str(), id, it == b.end() ? "none" : it->second);
   }
   for (const auto& [prefix, id] : b)
-    if (!a.count(prefix)) check(("routes[prefix " + quote(prefix) + "].authority").c_str(), "none", id);
+    if (!a.contains(prefix)) check(("routes[prefix " + quote(prefix) + "].authority").c_str(), "none", id);
   return errors;
 }
 

@@ -69,8 +69,7 @@ class Elect {
   void give_up(LeaseKeeper& keeper, const std::optional<LeaderKey>& leader);
   // Stops the command's process group: SIGTERM (or `first`), SIGKILL after the grace period, or
   // at `kill_by` if that comes first. Returns the command's wait status.
-  int stop_command(pid_t pid, int first, bool* reaped_status_valid,
-                   Clock::time_point kill_by = Clock::time_point::max());
+  int stop_command(pid_t pid, int first, bool* have_status, Clock::time_point kill_by = Clock::time_point::max());
 
   // What supervise() saw: the command's wait status; whether leadership was lost meanwhile.
   struct Supervised {

@@ -174,9 +174,11 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
             Guardian* guardian) {
   // Everything the child needs is built before fork(): after it, only async-signal-safe calls.
   std::vector<char*> argv;
+  argv.reserve(command.size() + 1);
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::vector<char*> envp;
+  envp.reserve(env.size() + 1);
   for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
   // exec's errno comes back through a close-on-exec pipe: EOF means the exec worked.

@@ -343,6 +343,7 @@ class OwnedStore final : public TestableStore {
       cv_.notify_one();
       return;
     }
+    // NOLINTNEXTLINE(bugprone-use-after-move): `it` was moved from only when it was queued
     if (it.done) it.done(Status::Error("store for database " + path_ + " is shutting down"));
   }
 

@@ -88,7 +88,7 @@ class Store {
   // Opens (creating if needed) and migrates the database, takes ownership and starts the store
   // thread. Returns nullptr and sets *error (a sentence for the operator) on failure, e.g.
   // "database ./fence.db is already owned by another fencegate (lock file ./fence.db.lock is held)".
-  static std::unique_ptr<Store> open(const std::string& path, std::string* error);
+  static std::unique_ptr<Store> open(const std::string& given, std::string* error);
 
   // Opens read-only, without taking ownership (for audit queries while a sidecar runs).
   // The returned Store supports only the read methods below; writes complete with an error.

@@ -111,7 +111,7 @@ void ElectionView::recompute_leader() {
 AuthorityVerdict ElectionView::classify(std::int64_t g) const {
   if (leader_rev_ != 0 && g == leader_rev_) return AuthorityVerdict::leader;
   if (leader_rev_ != 0 && g < leader_rev_) return AuthorityVerdict::stale;
-  if (g <= latest_ && seen_.count(g)) return AuthorityVerdict::not_leader;
+  if (g <= latest_ && seen_.contains(g)) return AuthorityVerdict::not_leader;
   return AuthorityVerdict::unknown_generation;
 }
 
