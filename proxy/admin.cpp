@@ -55,6 +55,16 @@ struct Reply {
 // UTF-8): invalid sequences are sent as U+FFFD rather than failing the whole answer.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
 
+// The bytes of an answer: its head and, unless `with_body` is false (HEAD), its body.
+std::string response_bytes(const Reply& rep, bool keep, bool with_body) {
+  std::string out = "HTTP/1.1 " + std::to_string(rep.status) + " " + reason_phrase(rep.status) +
+                    "\r\nContent-Type: " + rep.content_type + "\r\nContent-Length: " + std::to_string(rep.body.size()) +
+                    "\r\nCache-Control: no-store\r\n" + rep.extra_headers + (keep ? "" : "Connection: close\r\n") +
+                    "\r\n";
+  if (with_body) out += rep.body;
+  return out;
+}
+
 Reply json_reply(unsigned status, const json& j) {
   Reply r;
   r.status = status;
@@ -163,6 +173,72 @@ json audit_json(const store::AuditRecord& rec) {
               {"user_agent", r.user_agent}};
 }
 
+// The barrier's generation and leader, from the token and leader headers or the JSON body
+// {"generation": N, "leader": "..."} (both given: they must agree). A reply when they are
+// missing or malformed.
+std::optional<Reply> read_barrier(const RequestHead& h, std::string_view body, const config::Config& cfg,
+                                  std::int64_t* generation, std::string* leader_out) {
+  std::int64_t& g = *generation;
+  std::string& leader = *leader_out;
+  g = 0;
+  leader.clear();
+  std::string_view tv, lv;
+  std::size_t nt = h.count(cfg.token_header, &tv);
+  const std::size_t nl = h.count(cfg.leader_header, &lv);
+  if (nl == 1) leader = std::string(lv);
+  if (nt > 1) return problem(400, "malformed-token", "Malformed fencing token", "several token headers");
+  if (nl > 1) return problem(400, "bad-leader", "Bad request", "several " + cfg.leader_header + " headers");
+  if (nt == 1) {
+    auto t = parse_token(tv);
+    if (!t) return problem(400, "malformed-token", "Malformed fencing token", "the token is not a canonical decimal in 1..2^63-1");
+    g = *t;
+  }
+  if (!body.empty()) {
+    // A repeated key is refused, not resolved (nlohmann keeps the last one): {"generation": 9,
+    // "generation": 6} must not mean whichever a reader of the request happens to pick.
+    std::set<std::string> keys;
+    std::string repeated;
+    json j = json::parse(
+        body,
+        [&](int depth, json::parse_event_t ev, json& parsed) {
+          if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string() &&
+              !keys.insert(parsed.get<std::string>()).second && repeated.empty())
+            repeated = parsed.get<std::string>();
+          return true;
+        },
+        false);
+    if (j.is_discarded() || !j.is_object())
+      return problem(400, "bad-json", "Bad request", "the body must be a JSON object {\"generation\": N, \"leader\": \"...\"}");
+    if (!repeated.empty()) return problem(400, "bad-json", "Bad request", "duplicate key \"" + repeated + "\"");
+    for (auto& [k, v] : j.items())
+      if (k != "generation" && k != "leader")
+        return problem(400, "bad-json", "Bad request", "unknown key \"" + k + "\"");
+    if (j.contains("generation")) {
+      const auto& v = j["generation"];
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 1)
+        return problem(400, "malformed-token", "Malformed fencing token", "generation must be an integer in 1..2^63-1");
+      std::int64_t jg = v.get<std::int64_t>();
+      if (g && g != jg) return problem(400, "malformed-token", "Malformed fencing token", "header and body disagree");
+      g = jg;
+    }
+    if (j.contains("leader")) {
+      if (!j["leader"].is_string()) return problem(400, "bad-json", "Bad request", "leader must be a string");
+      // As with the generation: a header and a body that disagree are refused, not resolved.
+      if (h.count(cfg.leader_header) && j["leader"].get<std::string>() != leader)
+        return problem(400, "bad-leader", "Bad request", "the " + cfg.leader_header + " header and the body's leader disagree");
+      leader = j["leader"].get<std::string>();
+    }
+  }
+  if (g == 0)
+    return problem(428, "token-required", "Fencing token required",
+                      "give the generation in the " + cfg.token_header + " header or as {\"generation\": N}");
+  if (leader.size() > cfg.max_leader_bytes) return problem(400, "bad-leader", "Bad request", "leader is too long");
+  // As in a Fencing-Leader header: no control characters (it is shown in logs and audit rows).
+  if (std::any_of(leader.begin(), leader.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+    return problem(400, "bad-leader", "Bad request", "leader must not contain control characters");
+  return std::nullopt;
+}
+
 struct Endpoint {
   const char* method;
   const char* path;
@@ -192,6 +268,20 @@ class AdminSession {
 
  private:
   awaitable<Reply> route(const RequestHead& h, std::string_view body);
+  // Reads some bytes, bounded by kAdminIdle (a head or body that stops coming): the deadline
+  // timer closes the socket.
+  awaitable<std::size_t> read_some(net::steady_timer& deadline, net::mutable_buffer into, boost::system::error_code& ec) {
+    deadline.expires_after(kAdminIdle);
+    deadline.async_wait([this](boost::system::error_code e) {
+      if (!e) {
+        boost::system::error_code ig;
+        sock_.close(ig);
+      }
+    });
+    std::size_t n = co_await sock_.async_read_some(into, net::redirect_error(use_awaitable, ec));
+    deadline.cancel();
+    co_return n;
+  }
   awaitable<Reply> fence(const std::string& resource, const RequestHead& h, std::string_view body);
   awaitable<Decision> advance(const std::string& resource, std::int64_t g, const std::string& leader,
                               InflightNode* node);
@@ -325,10 +415,7 @@ awaitable<void> AdminSession::run() {
                         ? problem(431, "header-too-large", "Request header fields too large",
                                   "admin request heads are limited to 16 KiB")
                         : problem(400, "bad-request", "Bad request", s.reason);
-        std::string out = "HTTP/1.1 " + std::to_string(rep.status) + " " + reason_phrase(rep.status) +
-                          "\r\nContent-Type: " + rep.content_type +
-                          "\r\nContent-Length: " + std::to_string(rep.body.size()) + "\r\nConnection: close\r\n\r\n" +
-                          rep.body;
+        std::string out = response_bytes(rep, false, true);
         boost::system::error_code ec;
         co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
         sock_.shutdown(tcp::socket::shutdown_send, ec);
@@ -336,16 +423,7 @@ awaitable<void> AdminSession::run() {
       }
       char tmp[4096];
       boost::system::error_code ec;
-      // Bound idle time with a timer that closes the socket.
-      deadline.expires_after(kAdminIdle);
-      deadline.async_wait([this](boost::system::error_code e) {
-        if (!e) {
-          boost::system::error_code ig;
-          sock_.close(ig);
-        }
-      });
-      std::size_t n = co_await sock_.async_read_some(net::buffer(tmp), net::redirect_error(use_awaitable, ec));
-      deadline.cancel();
+      std::size_t n = co_await read_some(deadline, net::buffer(tmp), ec);
       if (ec) co_return;
       buf_.append(tmp, n);
     }
@@ -368,18 +446,9 @@ awaitable<void> AdminSession::run() {
       while (body_bytes.size() < body_len) {
         char tmp[4096];
         boost::system::error_code ec;
-        deadline.expires_after(kAdminIdle);  // a body that stops coming is bounded like a head
-        deadline.async_wait([this](boost::system::error_code e) {
-          if (!e) {
-            boost::system::error_code ig;
-            sock_.close(ig);
-          }
-        });
         // Never past the body: what follows it (a pipelined request) stays unread.
         const std::size_t want = std::min(sizeof tmp, body_len - body_bytes.size());
-        std::size_t n =
-            co_await sock_.async_read_some(net::buffer(tmp, want), net::redirect_error(use_awaitable, ec));
-        deadline.cancel();
+        std::size_t n = co_await read_some(deadline, net::buffer(tmp, want), ec);
         if (ec) co_return;
         body_bytes.append(tmp, n);
       }
@@ -393,11 +462,7 @@ awaitable<void> AdminSession::run() {
       if (h.count("Connection", &conn) && iequals(conn, "close")) keep = false;
       if (h.version == 10) keep = false;
     }
-    std::string out = "HTTP/1.1 " + std::to_string(rep.status) + " " + reason_phrase(rep.status) +
-                      "\r\nContent-Type: " + rep.content_type + "\r\nContent-Length: " + std::to_string(rep.body.size()) +
-                      "\r\nCache-Control: no-store\r\n" + rep.extra_headers + (keep ? "" : "Connection: close\r\n") +
-                      "\r\n";
-    if (h.method != "HEAD") out += rep.body;  // HEAD: same headers, no body
+    std::string out = response_bytes(rep, keep, h.method != "HEAD");  // HEAD: same headers, no body
     boost::system::error_code ec;
     co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
     if (ec || !keep) co_return;
@@ -611,60 +676,7 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   const config::Config& cfg = *snap->cfg;
   std::int64_t g = 0;
   std::string leader;
-  std::string_view tv, lv;
-  std::size_t nt = h.count(cfg.token_header, &tv);
-  const std::size_t nl = h.count(cfg.leader_header, &lv);
-  if (nl == 1) leader = std::string(lv);
-  if (nt > 1) co_return problem(400, "malformed-token", "Malformed fencing token", "several token headers");
-  if (nl > 1) co_return problem(400, "bad-leader", "Bad request", "several " + cfg.leader_header + " headers");
-  if (nt == 1) {
-    auto t = parse_token(tv);
-    if (!t) co_return problem(400, "malformed-token", "Malformed fencing token", "the token is not a canonical decimal in 1..2^63-1");
-    g = *t;
-  }
-  if (!body.empty()) {
-    // A repeated key is refused, not resolved (nlohmann keeps the last one): {"generation": 9,
-    // "generation": 6} must not mean whichever a reader of the request happens to pick.
-    std::set<std::string> keys;
-    std::string repeated;
-    json j = json::parse(
-        body,
-        [&](int depth, json::parse_event_t ev, json& parsed) {
-          if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string() &&
-              !keys.insert(parsed.get<std::string>()).second && repeated.empty())
-            repeated = parsed.get<std::string>();
-          return true;
-        },
-        false);
-    if (j.is_discarded() || !j.is_object())
-      co_return problem(400, "bad-json", "Bad request", "the body must be a JSON object {\"generation\": N, \"leader\": \"...\"}");
-    if (!repeated.empty()) co_return problem(400, "bad-json", "Bad request", "duplicate key \"" + repeated + "\"");
-    for (auto& [k, v] : j.items())
-      if (k != "generation" && k != "leader")
-        co_return problem(400, "bad-json", "Bad request", "unknown key \"" + k + "\"");
-    if (j.contains("generation")) {
-      const auto& v = j["generation"];
-      if (!v.is_number_integer() || v.get<std::int64_t>() < 1)
-        co_return problem(400, "malformed-token", "Malformed fencing token", "generation must be an integer in 1..2^63-1");
-      std::int64_t jg = v.get<std::int64_t>();
-      if (g && g != jg) co_return problem(400, "malformed-token", "Malformed fencing token", "header and body disagree");
-      g = jg;
-    }
-    if (j.contains("leader")) {
-      if (!j["leader"].is_string()) co_return problem(400, "bad-json", "Bad request", "leader must be a string");
-      // As with the generation: a header and a body that disagree are refused, not resolved.
-      if (h.count(cfg.leader_header) && j["leader"].get<std::string>() != leader)
-        co_return problem(400, "bad-leader", "Bad request", "the " + cfg.leader_header + " header and the body's leader disagree");
-      leader = j["leader"].get<std::string>();
-    }
-  }
-  if (g == 0)
-    co_return problem(428, "token-required", "Fencing token required",
-                      "give the generation in the " + cfg.token_header + " header or as {\"generation\": N}");
-  if (leader.size() > cfg.max_leader_bytes) co_return problem(400, "bad-leader", "Bad request", "leader is too long");
-  // As in a Fencing-Leader header: no control characters (it is shown in logs and audit rows).
-  if (std::any_of(leader.begin(), leader.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
-    co_return problem(400, "bad-leader", "Bad request", "leader must not contain control characters");
+  if (std::optional<Reply> refused = read_barrier(h, body, cfg, &g, &leader)) co_return std::move(*refused);
 
   // A barrier on a name no fencing route makes (a typo, the wrong case, an `off` route's resource)
   // would protect nothing while the caller believes it fenced the real resource.
@@ -687,9 +699,7 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   in.mode = owner->mode;
   in.resource = &resource;
   in.token = &token;
-  in.method = "POST";
-  in.target = h.target;
-  in.user_agent = h.user_agent();
+  in.request = &h;  // a POST (route() takes no other here)
   in.client = client;
   in.token_header = cfg.token_header;
   // A resource bound to an election authority only advances to its current leader's generation:

@@ -53,12 +53,12 @@ store::AuditRow audit_row(const AdmissionInput& in, std::string decision, std::i
   row.decision = std::move(decision);
   row.presented_generation = in.token->generation;
   row.current_generation = current;
-  row.method = std::string(in.method);
-  row.target = clipped(in.target, 2048);
+  row.method = std::string(in.request->method);
+  row.target = clipped(in.request->target, 2048);
   row.client = std::string(in.client);
   row.leader = in.token->leader;
   row.mode = in.mode == config::Mode::enforce ? "enforce" : "observe";
-  row.user_agent = clipped(in.user_agent, 512);
+  row.user_agent = clipped(in.request->user_agent(), 512);
   return row;
 }
 

@@ -61,8 +61,9 @@ struct AdmissionInput {
   std::string_view election;
   // The fence's decision, once asked (the answer to ask_fence); nullptr before.
   const Decision* fence = nullptr;
-  // The request, for audit rows and details.
-  std::string_view method, target, user_agent, client;
+  // The request, for audit rows (its method, target and User-Agent) and details.
+  const RequestHead* request = nullptr;  // REQUIRES: set
+  std::string_view client;
   std::string_view token_header;
 };
 

@@ -11,6 +11,8 @@
 // kernel allows it (Worker::flush_sends).
 #include <sys/socket.h>
 
+#include <cstring>
+
 #include "proxy/session.h"
 
 namespace fencegate::proxy {
@@ -296,139 +298,19 @@ void Session::give_back(const config::Route& route, std::unique_ptr<UpConn> c) {
   pool.push_back(std::move(c));
 }
 
+// Forwards one admitted request and relays its answer, in stages: the upstream head, an upstream
+// connection, the request (head and body), the response head, its framing, the client's head,
+// the response body. Returns whether the client connection goes on.
 task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::size_t head_len,
                             const config::Route& route, const std::string& resource, bool client_keep_alive,
-                            bool expect_continue, std::shared_ptr<Exchange> ex, const FenceHeaders& marks) {
+                            bool expect_continue, std::shared_ptr<Exchange> ex, const FenceHeaders& fence) {
   const auto& cfg = this->cfg();
-  const int version = head.version;
-  const bool head_req = head.method == "HEAD";
+  Forwarding fw{route, resource, fence, std::move(ex), head.version, head.method == "HEAD", client_keep_alive};
+  Exchange& x = *fw.ex;
   boost::system::error_code ec;
-  const auto started = Clock::now();
   timed_out_ = false;
   count(resource, Outcome::forwarded);
-  auto exchange_over = [&] {
-    if (ex->node.resource || !ex->aborted) {
-      rt_.metrics.upstream_latency.observe(std::chrono::duration<double>(Clock::now() - started).count());
-    }
-    ex->release();
-  };
-  // True (and the exchange handed to linger_after_failure) when some of this fenced write went
-  // to the upstream, which may still be applying it; otherwise the exchange is released.
-  bool sent = false;  // a send of this request's bytes upstream was started
-  auto linger_or_release = [&](const char* why, bool incomplete) -> bool {
-    if (sent && !ex->aborted && ex->up && ex->up->sock.is_open() && ex->node.resource != nullptr) {
-      ex->client = nullptr;  // the session and its socket go before the exchange does
-      net::co_spawn(w_.ioc, linger_after_failure(ex, cfg.drain_timeout, st_.active_requests, why, incomplete),
-                    net::detached);
-      return true;
-    }
-    ex->release();
-    return false;
-  };
-  auto upstream_failed = [&](boost::system::error_code e, const char* stage) -> task<bool> {
-    waiting_up_ = nullptr;
-    const bool timeout = e == net::error::timed_out && std::string_view(stage) != "connect";
-    // The upstream has the request (or part of it, and stopped reading) and has not answered: it
-    // may still apply it. (A send that failed otherwise means the upstream closed the connection.)
-    const bool response = std::string_view(stage) == "response";
-    bool linger = false;
-    if (timeout) linger = linger_or_release(response ? "upstream timeout (response)" : "upstream timeout (send)", !response);
-    else ex->release();
-    count(resource, Outcome::upstream_error);
-    log::warn("upstream exchange failed", {log::kv("upstream", route.upstream), log::kv("stage", stage),
-                                           log::kv("error", e.message()), log::kv("aborted_by_drain", ex->aborted ? 1 : 0),
-                                           log::kv("still_in_flight", linger ? 1 : 0)});
-    if (ex->aborted || timeout) {
-      std::string detail = ex->aborted ? "a newer generation's drain timed out; this exchange was aborted"
-                                       : std::string("the upstream did not answer in time (") + stage + ")";
-      {
-        sc_->problem = Problem{504, "upstream-timeout", "Gateway timeout", detail};
-        co_return co_await reply(sc_->problem, false, version, marks);
-      }
-    }
-    {
-      sc_->problem = Problem{502, "upstream-error", "Bad gateway",
-                             std::string("upstream ") + route.upstream + ": " + stage + ": " + e.message()};
-      co_return co_await reply(sc_->problem, false, version, marks);
-    }
-  };
-  // The client's body stopped or broke: the upstream has an incomplete request. Its connection
-  // is half-closed and, for a fenced write, kept in flight until the upstream is done with it.
-  auto client_body_failed = [&](const char* why, bool too_large) -> task<bool> {
-    waiting_up_ = nullptr;
-    linger_or_release(too_large ? "body too large" : timed_out_ ? "client body stalled"
-                                                   : why ? "malformed client body" : "client gone mid-body",
-                      true);
-    if (ex->aborted) {  // woken by a newer generation's drain timeout (see node.abort)
-      sc_->problem = Problem{504, "upstream-timeout", "Gateway timeout",
-                             "a newer generation's drain timed out; this exchange was aborted"};
-      co_await reply(sc_->problem, false, version, marks);
-    } else if (too_large) {
-      sc_->problem = Problem{413, "body-too-large", "Content too large",
-                             "the body exceeds " + std::to_string(cfg.max_body_bytes) + " bytes"};
-      co_await reply(sc_->problem, false, version, marks);
-      co_await linger_close();
-    } else if (timed_out_) {
-      sc_->problem = Problem{408, "request-timeout", "Request timeout", "the request body stalled"};
-      co_await reply(sc_->problem, false, version, marks);
-    } else if (why) {
-      sc_->problem = Problem{400, "bad-body", "Bad request", std::string("malformed request body: ") + why};
-      co_await reply(sc_->problem, false, version, marks);
-    }
-    co_return false;
-  };
-  // The client went (a write to it failed or timed out) while the upstream may still be working
-  // on this fenced write: the write stays in flight for the fence until the upstream's answer
-  // has ended, so the answer is read to its end and dropped. False when nothing is to wait for
-  // (not a fenced write, or no longer in flight): the exchange just ends.
-  bool client_gone = false;
-  auto client_went = [&]() -> bool {
-    if (!ex->node.resource || ex->aborted) return false;
-    client_gone = true;
-    timed_out_ = false;
-    boost::system::error_code ignored;
-    client_.shutdown(tcp::socket::shutdown_both, ignored);
-    return true;
-  };
-  // The upstream request head: hop-by-hop fields go (RFC 9110 7.6.1), X-Forwarded-For and
-  // Forwarded get the client appended, framing is restated from what was validated.
-  {
-    std::string xff, fwd;
-    std::string& out = sc_->out;
-    out.clear();
-    append(out, head.method, std::string_view(" "), head.target, std::string_view(" HTTP/1.1\r\n"));
-    for (const auto& f : head.fields) {
-      switch (f.kind) {
-        case FieldKind::expect:
-        case FieldKind::content_length:
-        case FieldKind::transfer_encoding:
-        case FieldKind::framing_alias:  // refused by check_framing; never relayed
-          continue;
-        case FieldKind::x_forwarded_for:
-        case FieldKind::forwarded: {
-          if (named_by_connection(head, f.name)) continue;  // hop-by-hop by the client's word: ours alone go on
-          std::string& acc = f.kind == FieldKind::forwarded ? fwd : xff;
-          if (!acc.empty()) acc += ", ";
-          acc += f.value;
-          continue;
-        }
-        default:
-          if (is_hop_by_hop(f.kind) || named_by_connection(head, f.name)) continue;
-          append_field(out, f.name, f.value);
-      }
-    }
-    const std::string_view sep = ", ";
-    append(out, std::string_view("X-Forwarded-For: "), xff, xff.empty() ? std::string_view() : sep, client_ip_,
-           std::string_view("\r\nForwarded: "), fwd, fwd.empty() ? std::string_view() : sep,
-           std::string_view(client_v6_ ? "for=\"[" : "for="), client_ip_,
-           std::string_view(client_v6_ ? "]\"\r\n" : "\r\n"));
-    // An HTTP/1.0 request may come without Host, but it goes on as HTTP/1.1, which must have one
-    // (RFC 9112 3.2): the upstream's own authority, as a client addressing it directly would send.
-    if (!head.has(FieldKind::host)) append_field(out, "Host", upstream_authority(route.upstream));
-    if (fr.chunked) append(out, std::string_view("Transfer-Encoding: chunked\r\n"));
-    else if (fr.content_length) append_field(out, "Content-Length", Decimal(*fr.content_length));
-    append(out, std::string_view("\r\n"));
-  }
+  build_upstream_head(head, fr, route);
   // (Not a method the route counts as a write: write_methods may name GET.)
   const bool safe_bodiless = (head.method == "GET" || head.method == "HEAD" || head.method == "OPTIONS") &&
                              !route.is_fenced(head.method) && !fr.chunked && fr.content_length.value_or(0) == 0 &&
@@ -438,37 +320,17 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   // Upstream connection.
   std::unique_ptr<UpConn> conn = pooled_upstream(route);
   const bool reused = conn != nullptr;
-  if (!conn) conn = co_await connect_upstream(route, ex, ec);
-  if (ec || ex->aborted) co_return co_await upstream_failed(ec ? ec : net::error::operation_aborted, "connect");
-  ex->up = std::move(conn);
-  UpConn& up = *ex->up;
-
+  if (!conn) conn = co_await connect_upstream(route, fw.ex, ec);
+  if (ec || x.aborted) co_return co_await upstream_failed(fw, ec ? ec : net::error::operation_aborted, "connect");
+  x.up = std::move(conn);
+  UpConn& up = *x.up;
   // A pooled connection the upstream closes just as it is reused (its keep-alive timeout: a race
   // no peek can close) fails a request its application never saw. A bodiless GET, HEAD or
   // OPTIONS is safe to send again (RFC 9110 9.2.1, RFC 9112 9.3.1): once, on a new connection,
-  // when nothing at all came back. Anything with a body, writes above all, is not retried.
-  bool may_retry = reused && safe_bodiless;
-  auto retry_fresh = [&](boost::system::error_code e) -> task<bool> {
-    if (!may_retry || !up.buf.empty() || timed_out_ || ex->aborted) co_return false;
-    if (e != net::error::eof && e != net::error::connection_reset && e != net::error::broken_pipe) co_return false;
-    may_retry = false;
-    std::unique_ptr<UpConn> keep = std::move(ex->up);  // `up` (connect_upstream uses ex->up meanwhile)
-    boost::system::error_code cec;
-    std::unique_ptr<UpConn> fresh = co_await connect_upstream(route, ex, cec);
-    ex->up = std::move(keep);
-    if (cec || ex->aborted) co_return false;
-    up.sock = std::move(fresh->sock);
-    waiting_up_ = &up;
-    arm(cfg.upstream_timeout);
-    std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
-    boost::system::error_code sec;
-    const bool answered = co_await send_request(up, b, sec);
-    sec = settle(sec);
-    co_return !sec || answered;
-  };
+  // when nothing at all came back (retry_fresh). Anything with a body, writes above all, is not.
+  fw.may_retry = reused && safe_bodiless;
   up.duplex = false;
   waiting_up_ = &up;
-
   if (expect_continue) {
     static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     arm(cfg.body_timeout);
@@ -480,332 +342,505 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   // An upstream may answer before it has the whole request (early): that answer is relayed, the
   // rest of the body is not sent, and both connections close after it (the client's body is
   // left unread).
-  auto& gather = sc_->gather;
-  auto& frame = sc_->frame;
-  bool early = false;
-  if (!fr.chunked) {
+  // (Each co_await of a stage is a statement of its own: GCC 12 mishandles one inside a condition
+  // or a conditional expression.)
+  if (fr.chunked) {
+    const std::optional<bool> done = co_await send_chunked_body(fw);
+    if (done) co_return *done;
+  } else {
     std::uint64_t left = fr.content_length.value_or(0);
     std::size_t pre = static_cast<std::size_t>(std::min<std::uint64_t>(left, sc_->in.size()));
     arm(cfg.upstream_timeout);
     std::array<net::const_buffer, 2> b{net::buffer(sc_->out), net::buffer(sc_->in.view().data(), pre)};
-    sent = true;
-    early = co_await send_request(up, b, ec);
+    fw.sent = true;
+    fw.early = co_await send_request(up, b, ec);
     ec = settle(ec);
-    if (ec && !early && co_await retry_fresh(ec)) ec.clear();
-    if (ec && !early) co_return co_await upstream_failed(ec, "send");
+    if (ec && !fw.early && co_await retry_fresh(fw, ec)) ec.clear();
+    if (ec && !fw.early) co_return co_await upstream_failed(fw, ec, "send");
     sc_->in.consume(pre);
     left -= pre;
-    while (left > 0 && !early) {
+    while (left > 0 && !fw.early) {
       ec = co_await read_client(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer)), cfg.body_timeout);
-      if (ec) co_return co_await client_body_failed(nullptr, false);
+      if (ec) co_return co_await client_body_failed(fw, nullptr, false);
       std::size_t n = std::min<std::size_t>(sc_->in.size(), static_cast<std::size_t>(left));
       arm(cfg.upstream_timeout);
       std::array<net::const_buffer, 1> piece{net::buffer(sc_->in.view().data(), n)};
-      sent = true;
-      early = co_await send_request(up, piece, ec);
+      fw.sent = true;
+      fw.early = co_await send_request(up, piece, ec);
       ec = settle(ec);
-      if (ec && !early) co_return co_await upstream_failed(ec, "send");
+      if (ec && !fw.early) co_return co_await upstream_failed(fw, ec, "send");
       sc_->in.consume(n);
       left -= n;
-    }
-  } else {
-    // Every batch of decoded chunk data goes upstream as one chunk of our own framing.
-    ChunkDecoder dec(cfg.max_body_bytes);
-    bool head_sent = false;
-    for (;;) {
-      const std::size_t size_slot = start_gather(gather, head_sent ? nullptr : &sc_->out);
-      std::size_t total = 0;
-      const std::size_t used = decode_into(dec, sc_->in.view(), gather, &total);
-      if (dec.failed()) co_return co_await client_body_failed(dec.error(), dec.too_large());
-      frame_chunk(gather, size_slot, frame, total, dec.done());
-      if (!head_sent || total || dec.done()) {
-        arm(cfg.upstream_timeout);
-        sent = true;
-        early = co_await send_request(up, gather, ec);
-        ec = settle(ec);
-        if (ec && !early) co_return co_await upstream_failed(ec, "send");
-        head_sent = true;
-      }
-      sc_->in.consume(used);
-      if (dec.done() || early) break;
-      if (sc_->in.empty()) {
-        ec = co_await read_client(kRelayBuffer, cfg.body_timeout);
-        if (ec) co_return co_await client_body_failed(nullptr, false);
-      }
     }
   }
 
   // Response head, after any interim 1xx answers.
   ResponseHead& rh = sc_->resp;
-  std::size_t rh_len = 0;
   for (;;) {
     if (!up.buf.empty()) {
       HeadScan s = scan_response_head(up.buf.view(), kMaxResponseHeader, &rh);
       if (s.status == HeadStatus::complete) {
-        rh_len = s.length;
-        if (rh.status >= 100 && rh.status < 200 && rh.status != 101) {
-          // Interim answers (103 Early Hints, 102) go on to HTTP/1.1 clients (RFC 9110 15.2);
-          // not 100 Continue: fencegate answers Expect itself and never forwards it.
-          if (rh.status != 100 && version == 11) {
-            std::string_view view = up.buf.view();
-            sc_->out.clear();
-            append(sc_->out, std::string_view("HTTP/1.1"), view.substr(8, view.find("\r\n") - 8), std::string_view("\r\n"));
-            for (const auto& f : rh.fields)
-              if (!is_hop_by_hop(f.kind) && !named_by_connection(rh, f.name)) append_field(sc_->out, f.name, f.value);
-            sc_->out += "\r\n";
-            if (!client_gone) {
-              arm(cfg.body_timeout);
-              std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
-              if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
-              if (settle(ec) && !client_went()) {
-                waiting_up_ = nullptr;
-                ex->release();
-                co_return false;
-              }
-            }
-          }
-          up.buf.consume(rh_len);
-          continue;
-        }
-        break;
+        fw.rh_len = s.length;
+        if (rh.status < 100 || rh.status >= 200 || rh.status == 101) break;
+        if (!co_await relay_interim(fw)) co_return false;
+        continue;
       }
       if (s.status != HeadStatus::incomplete) {
-        waiting_up_ = nullptr;
-        ex->release();
-        count(resource, Outcome::upstream_error);
-        std::string why = s.status == HeadStatus::bad ? s.reason : "response head too large";
-        log::warn("upstream sent a bad response", {log::kv("upstream", route.upstream), log::kv("error", why)});
-        {
-          sc_->problem = Problem{502, "upstream-error", "Bad gateway",
-                                 "upstream " + route.upstream + ": malformed response: " + why};
-          co_return co_await reply(sc_->problem, false, version, marks);
-        }
+        const std::string why = s.status == HeadStatus::bad ? s.reason : "response head too large";
+        co_return co_await upstream_answer_refused(fw, "upstream " + route.upstream + ": malformed response: " + why,
+                                                   "upstream sent a bad response", why);
       }
     }
-    {
-      arm(cfg.upstream_timeout);
-      std::size_t got = prompt_ ? co_await read_promptly(up, ec)
-                                : co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
-      prompt_ = false;
-      up.buf.commit(got);
-      ec = settle(ec);
-    }
-    if (ec && co_await retry_fresh(ec)) continue;
-    if (ec) co_return co_await upstream_failed(ec, "response");
+    arm(cfg.upstream_timeout);
+    std::size_t got = prompt_ ? co_await read_promptly(up, ec)
+                              : co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+    prompt_ = false;
+    up.buf.commit(got);
+    ec = settle(ec);
+    if (ec && co_await retry_fresh(fw, ec)) continue;
+    if (ec) co_return co_await upstream_failed(fw, ec, "response");
   }
-  if (rh.status == 101) {
-    waiting_up_ = nullptr;
-    ex->release();
-    count(resource, Outcome::upstream_error);
-    {
-      sc_->problem = Problem{502, "upstream-error", "Bad gateway", "the upstream switched protocols"};
-      co_return co_await reply(sc_->problem, false, version, marks);
-    }
-  }
+  if (rh.status == 101) co_return co_await upstream_answer_refused(fw, "the upstream switched protocols");
+  if (!frame_response(fw))
+    co_return co_await upstream_answer_refused(fw, "upstream " + route.upstream + ": invalid or conflicting Content-Length");
+  build_response_head(fw);
 
-  // Response framing (RFC 9112 6.3).
-  enum class Body { none, length, chunked, until_close };
-  Body body = Body::until_close;
-  std::uint64_t body_len = 0;
+  // Response body.
+  if (fw.body == ResponseBody::none) {
+    exchange_over(fw);
+    arm(cfg.body_timeout);
+    std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+    if (!co_await send_soon(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+    if (settle(ec)) co_return false;
+  } else if (fw.body == ResponseBody::length) {
+    const std::optional<bool> done = co_await relay_length_body(fw);
+    if (done) co_return *done;
+  } else {
+    const std::optional<bool> done = co_await relay_chunked_body(fw);
+    if (done) co_return *done;
+  }
+  waiting_up_ = nullptr;
+  x.release();
+  if (fw.up_reusable && !x.aborted && up.buf.empty()) give_back(route, std::move(x.up));
+  co_return fw.keep && !fw.client_gone;
+}
+
+// The upstream request head: hop-by-hop fields go (RFC 9110 7.6.1), X-Forwarded-For and
+// Forwarded get the client appended, framing is restated from what was validated. Into sc_->out.
+void Session::build_upstream_head(const RequestHead& head, const Framing& fr, const config::Route& route) {
+  std::string xff, fwd;
+  std::string& out = sc_->out;
+  out.clear();
+  append(out, head.method, std::string_view(" "), head.target, std::string_view(" HTTP/1.1\r\n"));
+  for (const auto& f : head.fields) {
+    switch (f.kind) {
+      case FieldKind::expect:
+      case FieldKind::content_length:
+      case FieldKind::transfer_encoding:
+      case FieldKind::framing_alias:  // refused by check_framing; never relayed
+        continue;
+      case FieldKind::x_forwarded_for:
+      case FieldKind::forwarded: {
+        if (named_by_connection(head, f.name)) continue;  // hop-by-hop by the client's word: ours alone go on
+        std::string& acc = f.kind == FieldKind::forwarded ? fwd : xff;
+        if (!acc.empty()) acc += ", ";
+        acc += f.value;
+        continue;
+      }
+      default:
+        if (is_hop_by_hop(f.kind) || named_by_connection(head, f.name)) continue;
+        append_field(out, f.name, f.value);
+    }
+  }
+  const std::string_view sep = ", ";
+  append(out, std::string_view("X-Forwarded-For: "), xff, xff.empty() ? std::string_view() : sep, client_ip_,
+         std::string_view("\r\nForwarded: "), fwd, fwd.empty() ? std::string_view() : sep,
+         std::string_view(client_v6_ ? "for=\"[" : "for="), client_ip_,
+         std::string_view(client_v6_ ? "]\"\r\n" : "\r\n"));
+  // An HTTP/1.0 request may come without Host, but it goes on as HTTP/1.1, which must have one
+  // (RFC 9112 3.2): the upstream's own authority, as a client addressing it directly would send.
+  if (!head.has(FieldKind::host)) append_field(out, "Host", upstream_authority(route.upstream));
+  if (fr.chunked) append(out, std::string_view("Transfer-Encoding: chunked\r\n"));
+  else if (fr.content_length) append_field(out, "Content-Length", Decimal(*fr.content_length));
+  append(out, std::string_view("\r\n"));
+}
+
+// A chunked request body: every batch of decoded chunk data goes upstream as one chunk of our own
+// framing (the head goes with the first). The request's result if it ended here.
+task<std::optional<bool>> Session::send_chunked_body(Forwarding& fw) {
+  UpConn& up = *fw.ex->up;
+  auto& gather = sc_->gather;
+  boost::system::error_code ec;
+  ChunkDecoder dec(cfg().max_body_bytes);
+  bool head_sent = false;
+  for (;;) {
+    const std::size_t size_slot = start_gather(gather, head_sent ? nullptr : &sc_->out);
+    std::size_t total = 0;
+    const std::size_t used = decode_into(dec, sc_->in.view(), gather, &total);
+    if (dec.failed()) co_return co_await client_body_failed(fw, dec.error(), dec.too_large());
+    frame_chunk(gather, size_slot, sc_->frame, total, dec.done());
+    if (!head_sent || total || dec.done()) {
+      arm(cfg().upstream_timeout);
+      fw.sent = true;
+      fw.early = co_await send_request(up, gather, ec);
+      ec = settle(ec);
+      if (ec && !fw.early) co_return co_await upstream_failed(fw, ec, "send");
+      head_sent = true;
+    }
+    sc_->in.consume(used);
+    if (dec.done() || fw.early) co_return std::nullopt;
+    if (sc_->in.empty()) {
+      ec = co_await read_client(kRelayBuffer, cfg().body_timeout);
+      if (ec) co_return co_await client_body_failed(fw, nullptr, false);
+    }
+  }
+}
+
+// An interim answer (1xx but 101) whose head is complete in the upstream buffer: 103 Early Hints
+// and 102 go on to HTTP/1.1 clients (RFC 9110 15.2); not 100 Continue: fencegate answers Expect
+// itself and never forwards it. False when the exchange ended here (the client went).
+task<bool> Session::relay_interim(Forwarding& fw) {
+  UpConn& up = *fw.ex->up;
+  const ResponseHead& rh = sc_->resp;
+  if (rh.status != 100 && fw.version == 11) {
+    std::string_view view = up.buf.view();
+    sc_->out.clear();
+    append(sc_->out, std::string_view("HTTP/1.1"), view.substr(8, view.find("\r\n") - 8), std::string_view("\r\n"));
+    for (const auto& f : rh.fields)
+      if (!is_hop_by_hop(f.kind) && !named_by_connection(rh, f.name)) append_field(sc_->out, f.name, f.value);
+    sc_->out += "\r\n";
+    if (!fw.client_gone) {
+      boost::system::error_code ec;
+      arm(cfg().body_timeout);
+      std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+      if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+      if (settle(ec) && !client_went(fw)) {
+        waiting_up_ = nullptr;
+        fw.ex->release();
+        co_return false;
+      }
+    }
+  }
+  up.buf.consume(fw.rh_len);
+  co_return true;
+}
+
+// The response's framing (RFC 9112 6.3), its reuse and the client connection's. False when its
+// Content-Length is invalid or conflicting (nothing is relayed then).
+bool Session::frame_response(Forwarding& fw) {
+  const ResponseHead& rh = sc_->resp;
   std::string& te_value = sc_->te_value;
   te_value.clear();
-  {
-    std::string_view cl;
-    std::size_t ncl = 0;
-    bool te_chunked = false, has_te = false;
-    for (const auto& f : rh.fields)
-      if (f.kind == FieldKind::transfer_encoding) {
-        has_te = true;
-        // "identity" (RFC 2616's no-op coding, gone from HTTP/1.1 since RFC 7230) is not a
-        // coding to pass on: a client would wait for a coding it cannot undo.
-        for_each_token(f.value, [&](std::string_view t) {
-          te_chunked = iequals(t, "chunked");  // of the last coding as sent (RFC 9112 6.3)
-          if (iequals(t, "identity")) return;
-          if (!te_value.empty()) te_value += ", ";
-          te_value += t;
-        });
-      } else if (f.kind == FieldKind::content_length && ncl++ == 0) {
-        cl = f.value;
-      }
-    bool cl_ok = ncl > 0;
-    if (ncl) {
-      for (const auto& f : rh.fields) {
-        if (f.kind != FieldKind::content_length) continue;
-        if (f.value != cl || cl.empty() || cl.size() > 19 ||
-            cl.find_first_not_of("0123456789") != std::string_view::npos)
-          cl_ok = false;
-      }
-      if (cl_ok) std::from_chars(cl.data(), cl.data() + cl.size(), body_len);
+  std::string_view cl;
+  std::size_t ncl = 0;
+  bool te_chunked = false, has_te = false;
+  for (const auto& f : rh.fields)
+    if (f.kind == FieldKind::transfer_encoding) {
+      has_te = true;
+      // "identity" (RFC 2616's no-op coding, gone from HTTP/1.1 since RFC 7230) is not a
+      // coding to pass on: a client would wait for a coding it cannot undo.
+      for_each_token(f.value, [&](std::string_view t) {
+        te_chunked = iequals(t, "chunked");  // of the last coding as sent (RFC 9112 6.3)
+        if (iequals(t, "identity")) return;
+        if (!te_value.empty()) te_value += ", ";
+        te_value += t;
+      });
+    } else if (f.kind == FieldKind::content_length && ncl++ == 0) {
+      cl = f.value;
     }
-    if (head_req || rh.status == 204 || rh.status == 304) body = Body::none;
-    else if (has_te) body = te_chunked ? Body::chunked : Body::until_close;
-    else if (ncl && !cl_ok) {
-      waiting_up_ = nullptr;
-      ex->release();
-      count(resource, Outcome::upstream_error);
-      {
-        sc_->problem = Problem{502, "upstream-error", "Bad gateway",
-                               "upstream " + route.upstream + ": invalid or conflicting Content-Length"};
-        co_return co_await reply(sc_->problem, false, version, marks);
-      }
-    } else if (ncl) body = Body::length;
+  bool cl_ok = ncl > 0;
+  if (ncl) {
+    for (const auto& f : rh.fields) {
+      if (f.kind != FieldKind::content_length) continue;
+      if (f.value != cl || cl.empty() || cl.size() > 19 || cl.find_first_not_of("0123456789") != std::string_view::npos)
+        cl_ok = false;
+    }
+    if (cl_ok) std::from_chars(cl.data(), cl.data() + cl.size(), fw.body_len);
   }
-  bool up_reusable = rh.version == 11;
+  fw.body = ResponseBody::until_close;
+  if (fw.head_req || rh.status == 204 || rh.status == 304) fw.body = ResponseBody::none;
+  else if (has_te) fw.body = te_chunked ? ResponseBody::chunked : ResponseBody::until_close;
+  else if (ncl && !cl_ok) return false;
+  else if (ncl) fw.body = ResponseBody::length;
+  fw.up_reusable = rh.version == 11;
   for (const auto& f : rh.fields)
     if (f.kind == FieldKind::connection)
       for_each_token(f.value, [&](std::string_view t) {
-        if (iequals(t, "close")) up_reusable = false;
-        else if (iequals(t, "keep-alive") && rh.version == 10) up_reusable = true;
+        if (iequals(t, "close")) fw.up_reusable = false;
+        else if (iequals(t, "keep-alive") && rh.version == 10) fw.up_reusable = true;
       });
   // Close-delimited, or framed both ways (RFC 9112 6.3: chunked wins, the connection closes after).
-  if (body == Body::until_close || (body == Body::chunked && rh.has(FieldKind::content_length))) up_reusable = false;
-  if (early) up_reusable = false;  // it has a partial request
-  bool keep = client_keep_alive && !early && !rt_.stopping.load(std::memory_order_relaxed);
+  if (fw.body == ResponseBody::until_close || (fw.body == ResponseBody::chunked && rh.has(FieldKind::content_length)))
+    fw.up_reusable = false;
+  if (fw.early) fw.up_reusable = false;  // it has a partial request
+  fw.keep = fw.client_keep_alive && !fw.early && !rt_.stopping.load(std::memory_order_relaxed);
   // A 1.0 client gets a body it can delimit only by the close.
-  const bool chunk_out = version == 11 && (body == Body::chunked || body == Body::until_close);
-  if (version == 10 && (body == Body::chunked || body == Body::until_close)) keep = false;
+  const bool unframed = fw.body == ResponseBody::chunked || fw.body == ResponseBody::until_close;
+  fw.chunk_out = fw.version == 11 && unframed;
+  if (fw.version == 10 && unframed) fw.keep = false;
+  return true;
+}
 
-  // The client's response head.
-  {
-    std::string_view view = up.buf.view();
-    std::string_view status_line = view.substr(8, view.find("\r\n") - 8);  // " 200 OK"
-    sc_->out.clear();
-    append(sc_->out, std::string_view(version == 10 ? "HTTP/1.0" : "HTTP/1.1"), status_line, std::string_view("\r\n"));
-    bool has_date = false;
-    for (const auto& f : rh.fields) {
-      const FieldKind k = f.kind;
-      has_date = has_date || (f.name.size() == 4 && iequals(f.name, "Date"));
-      if (is_hop_by_hop(k) || k == FieldKind::transfer_encoding) continue;
-      // A 204 has no content, so no Content-Length (RFC 9110 8.6): a client that believed one
-      // would wait for bytes that never come, or read the next response as them.
-      if (k == FieldKind::content_length && (body != Body::none || rh.status == 204)) continue;
-      // A fenced request's fence headers are ours alone: an upstream's Fencing-Observe on an
-      // enforce route would tell the client its write was only observed.
-      if (marks.generation && (k == FieldKind::fencing_generation || k == FieldKind::fencing_observe)) continue;
-      if (named_by_connection(rh, f.name)) continue;
-      append_field(sc_->out, f.name, f.value);
-    }
-    // A response without a Date gets ours (RFC 9110 6.6.1: a recipient with a clock adds one).
-    if (!has_date) append_field(sc_->out, "Date", http_date());
-    if (marks.generation) append_field(sc_->out, "Fencing-Generation", Decimal(static_cast<std::uint64_t>(*marks.generation)));
-    if (!marks.observe.empty()) append_field(sc_->out, "Fencing-Observe", marks.observe);
-    if (body == Body::length) append_field(sc_->out, "Content-Length", Decimal(body_len));
-    // A close-delimited body under another coding (Transfer-Encoding: gzip) keeps its label, with
-    // our chunked framing last: without it the client would take gzip bytes for the content.
-    if (chunk_out) {
-      if (body == Body::until_close && !te_value.empty()) te_value += ", chunked";
-      append_field(sc_->out, "Transfer-Encoding", body == Body::until_close && te_value.empty() ? std::string_view("chunked")
-                                                                                                : std::string_view(te_value));
-    }
-    if (!keep) sc_->out += "Connection: close\r\n";
-    else if (version == 10) sc_->out += "Connection: keep-alive\r\n";
-    sc_->out += "\r\n";
-    up.buf.consume(rh_len);
+// The client's response head, into sc_->out; the upstream's head leaves its buffer.
+void Session::build_response_head(Forwarding& fw) {
+  UpConn& up = *fw.ex->up;
+  const ResponseHead& rh = sc_->resp;
+  const FenceHeaders& fence = fw.fence;
+  std::string& te_value = sc_->te_value;
+  std::string_view view = up.buf.view();
+  std::string_view status_line = view.substr(8, view.find("\r\n") - 8);  // " 200 OK"
+  sc_->out.clear();
+  append(sc_->out, std::string_view(fw.version == 10 ? "HTTP/1.0" : "HTTP/1.1"), status_line, std::string_view("\r\n"));
+  bool has_date = false;
+  for (const auto& f : rh.fields) {
+    const FieldKind k = f.kind;
+    has_date = has_date || (f.name.size() == 4 && iequals(f.name, "Date"));
+    if (is_hop_by_hop(k) || k == FieldKind::transfer_encoding) continue;
+    // A 204 has no content, so no Content-Length (RFC 9110 8.6): a client that believed one
+    // would wait for bytes that never come, or read the next response as them.
+    if (k == FieldKind::content_length && (fw.body != ResponseBody::none || rh.status == 204)) continue;
+    // A fenced request's fence headers are ours alone: an upstream's Fencing-Observe on an
+    // enforce route would tell the client its write was only observed.
+    if (fence.generation && (k == FieldKind::fencing_generation || k == FieldKind::fencing_observe)) continue;
+    if (named_by_connection(rh, f.name)) continue;
+    append_field(sc_->out, f.name, f.value);
   }
+  // A response without a Date gets ours (RFC 9110 6.6.1: a recipient with a clock adds one).
+  if (!has_date) append_field(sc_->out, "Date", http_date());
+  if (fence.generation) append_field(sc_->out, "Fencing-Generation", Decimal(static_cast<std::uint64_t>(*fence.generation)));
+  if (!fence.observe.empty()) append_field(sc_->out, "Fencing-Observe", fence.observe);
+  if (fw.body == ResponseBody::length) append_field(sc_->out, "Content-Length", Decimal(fw.body_len));
+  // A close-delimited body under another coding (Transfer-Encoding: gzip) keeps its label, with
+  // our chunked framing last: without it the client would take gzip bytes for the content.
+  if (fw.chunk_out) {
+    if (fw.body == ResponseBody::until_close && !te_value.empty()) te_value += ", chunked";
+    append_field(sc_->out, "Transfer-Encoding",
+                 fw.body == ResponseBody::until_close && te_value.empty() ? std::string_view("chunked")
+                                                                          : std::string_view(te_value));
+  }
+  if (!fw.keep) sc_->out += "Connection: close\r\n";
+  else if (fw.version == 10) sc_->out += "Connection: keep-alive\r\n";
+  sc_->out += "\r\n";
+  up.buf.consume(fw.rh_len);
+}
 
-  // Response body.
-  auto body_failed = [&](const std::string& why) -> bool {
-    // The response head is already out: all we can do is cut the client connection.
-    count(resource, Outcome::upstream_error);
-    log::warn("upstream response body failed", {log::kv("upstream", route.upstream), log::kv("error", why)});
-    return false;
-  };
+// A Content-Length response body, sent on with the client's head in front of its first bytes.
+// The request's result if it ended here; nullopt when the body was relayed whole.
+task<std::optional<bool>> Session::relay_length_body(Forwarding& fw) {
+  UpConn& up = *fw.ex->up;
+  boost::system::error_code ec;
+  std::uint64_t left = fw.body_len;
   bool head_sent = false;
-  switch (body) {
-    case Body::none:
-      exchange_over();
-      arm(cfg.body_timeout);
-      {
-        std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+  for (;;) {
+    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, up.buf.size()));
+    left -= n;
+    if (left == 0) exchange_over(fw);
+    std::array<net::const_buffer, 2> b{net::buffer(sc_->out.data(), head_sent ? 0 : sc_->out.size()),
+                                       net::buffer(up.buf.view().data(), n)};
+    if (!head_sent || n) {
+      if (!fw.client_gone) {
+        arm(cfg().body_timeout);
         if (!co_await send_soon(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+        if (settle(ec) && !client_went(fw)) co_return false;
       }
-      if (settle(ec)) co_return false;
-      break;
-    case Body::length: {
-      std::uint64_t left = body_len;
-      for (;;) {
-        std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, up.buf.size()));
-        left -= n;
-        if (left == 0) exchange_over();
-        std::array<net::const_buffer, 2> b{net::buffer(sc_->out.data(), head_sent ? 0 : sc_->out.size()),
-                                           net::buffer(up.buf.view().data(), n)};
-        if (!head_sent || n) {
-          if (!client_gone) {
-            arm(cfg.body_timeout);
-            if (!co_await send_soon(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
-            if (settle(ec) && !client_went()) co_return false;
-          }
-          head_sent = true;
-        }
-        up.buf.consume(n);
-        if (left == 0) break;
-        {
-          arm(cfg.upstream_timeout);
-          std::size_t got = co_await up.sock.async_read_some(up.buf.prepare(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer))), net::redirect_error(use_task, ec));
-          up.buf.commit(got);
-          ec = settle(ec);
-        }
-        if (ec) co_return body_failed(ec.message());
-      }
-      break;
+      head_sent = true;
     }
-    case Body::chunked:
-    case Body::until_close: {
-      ChunkDecoder dec;
-      bool eof = false;
-      for (;;) {
-        const std::size_t size_slot = start_gather(gather, head_sent ? nullptr : &sc_->out);
-        std::string_view avail = up.buf.view();
-        std::size_t used = 0, total = 0;
-        if (body == Body::until_close) {
-          if (!avail.empty()) gather.push_back(net::buffer(avail.data(), avail.size()));
-          used = total = avail.size();
-        } else {
-          used = decode_into(dec, avail, gather, &total);
-          if (dec.failed() && !head_sent) {
-            // Nothing has reached the client yet: it gets a 502, not a cut connection.
-            waiting_up_ = nullptr;
-            ex->release();
-            count(resource, Outcome::upstream_error);
-            log::warn("upstream response body failed", {log::kv("upstream", route.upstream),
-                                                         log::kv("error", std::string("bad chunked framing: ") + dec.error())});
-            sc_->problem = Problem{502, "upstream-error", "Bad gateway",
-                                   "upstream " + route.upstream + ": bad chunked framing: " + dec.error()};
-            co_return co_await reply(sc_->problem, false, version, marks);
-          }
-          if (dec.failed()) co_return body_failed(std::string("bad chunked framing: ") + dec.error());
-        }
-        const bool done = body == Body::chunked ? dec.done() : eof;
-        if (done) exchange_over();
-        if (chunk_out) frame_chunk(gather, size_slot, frame, total, done);  // else the runs go raw
-        if (!head_sent || total || (done && chunk_out)) {
-          if (!client_gone) {
-            arm(cfg.body_timeout);
-            if (!co_await send_soon(client_, gather, ec) && !ec) co_await net::async_write(client_, gather, net::redirect_error(use_task, ec));
-            if (settle(ec) && !client_went()) co_return false;
-          }
-          head_sent = true;
-        }
-        up.buf.consume(used);
-        if (done) break;
-        if (up.buf.empty()) {
-          {
-            arm(cfg.upstream_timeout);
-            std::size_t got = co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
-            up.buf.commit(got);
-            ec = settle(ec);
-          }
-          if (ec == net::error::eof && body == Body::until_close) eof = true;
-          else if (ec) co_return body_failed(ec.message());
-        }
+    up.buf.consume(n);
+    if (left == 0) co_return std::nullopt;
+    arm(cfg().upstream_timeout);
+    std::size_t got = co_await up.sock.async_read_some(
+        up.buf.prepare(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer))),
+        net::redirect_error(use_task, ec));
+    up.buf.commit(got);
+    ec = settle(ec);
+    if (ec) co_return body_failed(fw, ec.message());
+  }
+}
+
+// A chunked or close-delimited response body: decoded (chunked) or taken as it comes, and sent on
+// in chunks of our own framing to an HTTP/1.1 client (raw to a 1.0 one, which reads to the close).
+// The request's result if it ended here; nullopt when the body was relayed whole.
+task<std::optional<bool>> Session::relay_chunked_body(Forwarding& fw) {
+  UpConn& up = *fw.ex->up;
+  auto& gather = sc_->gather;
+  const bool close_delimited = fw.body == ResponseBody::until_close;
+  boost::system::error_code ec;
+  ChunkDecoder dec;
+  bool eof = false, head_sent = false;
+  for (;;) {
+    const std::size_t size_slot = start_gather(gather, head_sent ? nullptr : &sc_->out);
+    std::string_view avail = up.buf.view();
+    std::size_t used = 0, total = 0;
+    if (close_delimited) {
+      if (!avail.empty()) gather.push_back(net::buffer(avail.data(), avail.size()));
+      used = total = avail.size();
+    } else {
+      used = decode_into(dec, avail, gather, &total);
+      // Nothing has reached the client yet: it gets a 502, not a cut connection.
+      if (dec.failed() && !head_sent) {
+        const std::string why = std::string("bad chunked framing: ") + dec.error();
+        co_return co_await upstream_answer_refused(fw, "upstream " + fw.route.upstream + ": " + why,
+                                                   "upstream response body failed", why);
       }
-      break;
+      if (dec.failed()) co_return body_failed(fw, std::string("bad chunked framing: ") + dec.error());
+    }
+    const bool done = close_delimited ? eof : dec.done();
+    if (done) exchange_over(fw);
+    if (fw.chunk_out) frame_chunk(gather, size_slot, sc_->frame, total, done);  // else the runs go raw
+    if (!head_sent || total || (done && fw.chunk_out)) {
+      if (!fw.client_gone) {
+        arm(cfg().body_timeout);
+        if (!co_await send_soon(client_, gather, ec) && !ec)
+          co_await net::async_write(client_, gather, net::redirect_error(use_task, ec));
+        if (settle(ec) && !client_went(fw)) co_return false;
+      }
+      head_sent = true;
+    }
+    up.buf.consume(used);
+    if (done) co_return std::nullopt;
+    if (up.buf.empty()) {
+      arm(cfg().upstream_timeout);
+      std::size_t got = co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+      up.buf.commit(got);
+      ec = settle(ec);
+      if (ec == net::error::eof && close_delimited) eof = true;
+      else if (ec) co_return body_failed(fw, ec.message());
     }
   }
+}
+
+// The exchange is over as far as the fence is concerned (its answer is whole upstream).
+void Session::exchange_over(Forwarding& fw) {
+  Exchange& x = *fw.ex;
+  if (x.node.resource || !x.aborted)
+    rt_.metrics.upstream_latency.observe(std::chrono::duration<double>(Clock::now() - fw.started).count());
+  x.release();
+}
+
+// True (and the exchange handed to linger_after_failure) when some of this fenced write went
+// to the upstream, which may still be applying it; otherwise the exchange is released.
+bool Session::linger_or_release(Forwarding& fw, const char* why, bool incomplete) {
+  Exchange& x = *fw.ex;
+  if (fw.sent && !x.aborted && x.up && x.up->sock.is_open() && x.node.resource != nullptr) {
+    x.client = nullptr;  // the session and its socket go before the exchange does
+    net::co_spawn(w_.ioc, linger_after_failure(fw.ex, cfg().drain_timeout, st_.active_requests, why, incomplete),
+                  net::detached);
+    return true;
+  }
+  x.release();
+  return false;
+}
+
+// The exchange with the upstream failed at `stage` (connect, send, response): 504 if it timed
+// out or a newer generation's drain aborted it, else 502.
+task<bool> Session::upstream_failed(Forwarding& fw, boost::system::error_code e, const char* stage) {
+  Exchange& x = *fw.ex;
   waiting_up_ = nullptr;
-  ex->release();
-  if (up_reusable && !ex->aborted && up.buf.empty()) give_back(route, std::move(ex->up));
-  co_return keep && !client_gone;
+  const bool timeout = e == net::error::timed_out && std::string_view(stage) != "connect";
+  // The upstream has the request (or part of it, and stopped reading) and has not answered: it
+  // may still apply it. (A send that failed otherwise means the upstream closed the connection.)
+  const bool response = std::string_view(stage) == "response";
+  bool linger = false;
+  if (timeout)
+    linger = linger_or_release(fw, response ? "upstream timeout (response)" : "upstream timeout (send)", !response);
+  else
+    x.release();
+  count(fw.resource, Outcome::upstream_error);
+  log::warn("upstream exchange failed", {log::kv("upstream", fw.route.upstream), log::kv("stage", stage),
+                                         log::kv("error", e.message()), log::kv("aborted_by_drain", x.aborted ? 1 : 0),
+                                         log::kv("still_in_flight", linger ? 1 : 0)});
+  if (x.aborted || timeout)
+    sc_->problem = Problem{504, "upstream-timeout", "Gateway timeout",
+                           x.aborted ? "a newer generation's drain timed out; this exchange was aborted"
+                                     : std::string("the upstream did not answer in time (") + stage + ")"};
+  else
+    sc_->problem = Problem{502, "upstream-error", "Bad gateway",
+                           std::string("upstream ") + fw.route.upstream + ": " + stage + ": " + e.message()};
+  co_return co_await reply(sc_->problem, false, fw.version, fw.fence);
+}
+
+// The upstream's answer cannot be relayed (malformed, 101, bad framing) and nothing of it has
+// reached the client: 502 with `detail`; logged as `log_line` (if any) with `log_error`.
+task<bool> Session::upstream_answer_refused(Forwarding& fw, std::string detail, const char* log_line,
+                                            std::string_view log_error) {
+  waiting_up_ = nullptr;
+  fw.ex->release();
+  count(fw.resource, Outcome::upstream_error);
+  if (log_line) log::warn(log_line, {log::kv("upstream", fw.route.upstream), log::kv("error", log_error)});
+  sc_->problem = Problem{502, "upstream-error", "Bad gateway", std::move(detail)};
+  co_return co_await reply(sc_->problem, false, fw.version, fw.fence);
+}
+
+// The client's body stopped or broke: the upstream has an incomplete request. Its connection
+// is half-closed and, for a fenced write, kept in flight until the upstream is done with it.
+task<bool> Session::client_body_failed(Forwarding& fw, const char* why, bool too_large) {
+  waiting_up_ = nullptr;
+  linger_or_release(fw,
+                    too_large    ? "body too large"
+                    : timed_out_ ? "client body stalled"
+                    : why        ? "malformed client body"
+                                 : "client gone mid-body",
+                    true);
+  if (fw.ex->aborted) {  // woken by a newer generation's drain timeout (see node.abort)
+    sc_->problem = Problem{504, "upstream-timeout", "Gateway timeout",
+                           "a newer generation's drain timed out; this exchange was aborted"};
+    co_await reply(sc_->problem, false, fw.version, fw.fence);
+  } else if (too_large) {
+    sc_->problem = Problem{413, "body-too-large", "Content too large",
+                           "the body exceeds " + std::to_string(cfg().max_body_bytes) + " bytes"};
+    co_await reply(sc_->problem, false, fw.version, fw.fence);
+    co_await linger_close();
+  } else if (timed_out_) {
+    sc_->problem = Problem{408, "request-timeout", "Request timeout", "the request body stalled"};
+    co_await reply(sc_->problem, false, fw.version, fw.fence);
+  } else if (why) {
+    sc_->problem = Problem{400, "bad-body", "Bad request", std::string("malformed request body: ") + why};
+    co_await reply(sc_->problem, false, fw.version, fw.fence);
+  }
+  co_return false;
+}
+
+// The client went (a write to it failed or timed out) while the upstream may still be working
+// on this fenced write: the write stays in flight for the fence until the upstream's answer
+// has ended, so the answer is read to its end and dropped. False when nothing is to wait for
+// (not a fenced write, or no longer in flight): the exchange just ends.
+bool Session::client_went(Forwarding& fw) {
+  if (!fw.ex->node.resource || fw.ex->aborted) return false;
+  fw.client_gone = true;
+  timed_out_ = false;
+  boost::system::error_code ignored;
+  client_.shutdown(tcp::socket::shutdown_both, ignored);
+  return true;
+}
+
+// A pooled connection that failed before anything came back, for a request safe to send again:
+// sends it once more on a new connection. True iff that went (or was answered early).
+task<bool> Session::retry_fresh(Forwarding& fw, boost::system::error_code e) {
+  Exchange& x = *fw.ex;
+  UpConn& up = *x.up;
+  if (!fw.may_retry || !up.buf.empty() || timed_out_ || x.aborted) co_return false;
+  if (e != net::error::eof && e != net::error::connection_reset && e != net::error::broken_pipe) co_return false;
+  fw.may_retry = false;
+  std::unique_ptr<UpConn> keep = std::move(x.up);  // `up` (connect_upstream uses x.up meanwhile)
+  boost::system::error_code cec;
+  std::unique_ptr<UpConn> fresh = co_await connect_upstream(fw.route, fw.ex, cec);
+  x.up = std::move(keep);
+  if (cec || x.aborted) co_return false;
+  up.sock = std::move(fresh->sock);
+  waiting_up_ = &up;
+  arm(cfg().upstream_timeout);
+  std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+  boost::system::error_code sec;
+  const bool answered = co_await send_request(up, b, sec);
+  sec = settle(sec);
+  co_return !sec || answered;
+}
+
+// The response head is already out: all we can do is cut the client connection.
+bool Session::body_failed(Forwarding& fw, const std::string& why) {
+  count(fw.resource, Outcome::upstream_error);
+  log::warn("upstream response body failed", {log::kv("upstream", fw.route.upstream), log::kv("error", why)});
+  return false;
 }
 
 }  // namespace fencegate::proxy

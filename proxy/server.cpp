@@ -89,6 +89,26 @@ void raise_fd_limit(std::size_t max_connections) {
               {log::kv("nofile", static_cast<std::uint64_t>(rl.rlim_cur)), log::kv("max_connections", max_connections)});
 }
 
+// The last of a stop, after the workers: commits what is queued (audit rows of observe mode)
+// before anything else goes away (its completions still reach the fence), says what could not be
+// stored, then has the fence forget parked callbacks and in-flight registrations, so the sessions
+// still suspended in the io_contexts (destroyed after this, before the fence) can go in any order.
+void settle_store_and_fence(std::unique_ptr<store::Store> store, Fence& fence) {
+  // Generations forwarded in observe mode while the store failed get one last attempt first.
+  fence.settle_owed();
+  store->set_commit_observer(nullptr);
+  store->drain_and_stop();
+  for (const ResourceView& v : fence.owed())
+    log::error("observe mode: a forwarded generation was never stored (the store kept failing); "
+               "after this restart a lower generation is not known to be stale",
+               {log::kv("resource", v.name), log::kv("generation", v.owed), log::kv("stored", v.stored)});
+  if (const std::uint64_t lost = store->audit_rows_dropped())
+    log::error("observe-mode audit rows could not be written and are lost (the store kept failing)",
+               {log::kv("rows", lost)});
+  store.reset();
+  fence.shutdown();
+}
+
 }  // namespace
 
 int run_serve(std::shared_ptr<const config::Config> cfg) {
@@ -198,23 +218,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   admin->stop();
   authorities.stop();
 
-  // Commit what is queued (audit rows of observe mode) before anything else goes away (its
-  // completions still reach the fence). Then the fence forgets parked callbacks and in-flight
-  // registrations, so the sessions still suspended in the io_contexts (destroyed at scope exit,
-  // before the fence) can go in any order.
-  // Generations forwarded in observe mode while the store failed get one last attempt first.
-  fence->settle_owed();
-  store->set_commit_observer(nullptr);
-  store->drain_and_stop();
-  for (const ResourceView& v : fence->owed())
-    log::error("observe mode: a forwarded generation was never stored (the store kept failing); "
-               "after this restart a lower generation is not known to be stale",
-               {log::kv("resource", v.name), log::kv("generation", v.owed), log::kv("stored", v.stored)});
-  if (const std::uint64_t lost = store->audit_rows_dropped())
-    log::error("observe-mode audit rows could not be written and are lost (the store kept failing)",
-               {log::kv("rows", lost)});
-  store.reset();
-  fence->shutdown();
+  settle_store_and_fence(std::move(store), *fence);
   log::info("stopped");
   return 0;
 }

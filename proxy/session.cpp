@@ -449,9 +449,7 @@ AdmissionInput Session::admission_input(const RequestState& rq) const {
     in.authority = &*rq.authority;
     in.election = rq.match.route->authority->election;
   }
-  in.method = head.method;
-  in.target = head.target;
-  in.user_agent = head.user_agent();
+  in.request = &head;
   in.client = client_ip_;
   in.token_header = cfg().token_header;
   return in;

@@ -217,9 +217,48 @@ class Session {
   task<store::Status> audit_sync(store::AuditRow& row);  // moves from row
   task<bool> discard(std::uint64_t n);
   task<void> linger_close();
+  // Forwarding, in stages (relay.cpp).
+  enum class ResponseBody { none, length, chunked, until_close };
+  // One exchange's state while forward() and its stages run (it lives in forward's frame).
+  struct Forwarding {
+    const config::Route& route;
+    const std::string& resource;
+    const FenceHeaders& fence;
+    std::shared_ptr<Exchange> ex;
+    int version = 11;
+    bool head_req = false;
+    bool client_keep_alive = true;
+    Clock::time_point started = Clock::now();
+    bool sent = false;         // a send of this request's bytes upstream was started
+    bool client_gone = false;  // the client went: the answer is read to its end and dropped (client_went)
+    bool may_retry = false;    // retry_fresh may send the request once more
+    bool early = false;        // the upstream answered before it had the whole request
+    std::size_t rh_len = 0;    // the response head's bytes in the upstream buffer
+    ResponseBody body = ResponseBody::until_close;
+    std::uint64_t body_len = 0;
+    bool up_reusable = false;  // the upstream connection goes back to the pool after
+    bool keep = false;         // the client connection goes on after
+    bool chunk_out = false;    // the body goes to the client in chunks of our framing
+  };
   task<bool> forward(const RequestHead& head, const Framing& fr, std::size_t head_len, const config::Route& route,
                      const std::string& resource, bool client_keep_alive, bool expect_continue,
-                     std::shared_ptr<Exchange> ex, const FenceHeaders& marks);
+                     std::shared_ptr<Exchange> ex, const FenceHeaders& fence);
+  void build_upstream_head(const RequestHead& head, const Framing& fr, const config::Route& route);
+  task<std::optional<bool>> send_chunked_body(Forwarding& fw);
+  task<bool> relay_interim(Forwarding& fw);
+  bool frame_response(Forwarding& fw);
+  void build_response_head(Forwarding& fw);
+  task<std::optional<bool>> relay_length_body(Forwarding& fw);
+  task<std::optional<bool>> relay_chunked_body(Forwarding& fw);
+  void exchange_over(Forwarding& fw);
+  bool linger_or_release(Forwarding& fw, const char* why, bool incomplete);
+  task<bool> upstream_failed(Forwarding& fw, boost::system::error_code e, const char* stage);
+  task<bool> upstream_answer_refused(Forwarding& fw, std::string detail, const char* log_line = nullptr,
+                                     std::string_view log_error = {});
+  task<bool> client_body_failed(Forwarding& fw, const char* why, bool too_large);
+  bool client_went(Forwarding& fw);
+  task<bool> retry_fresh(Forwarding& fw, boost::system::error_code e);
+  bool body_failed(Forwarding& fw, const std::string& why);
   std::unique_ptr<UpConn> pooled_upstream(const config::Route& route);
   task<std::size_t> read_promptly(UpConn& up, boost::system::error_code& ec);
   void arm_abort(Exchange& x);

@@ -186,11 +186,11 @@ struct Worker {
     });
   }
 
-  // Results made on other threads for sessions of this worker (CrossThreadResult::fulfil). Posted to ioc, each
-  // would queue behind every handler already ready (under load, a whole pass through the busy
-  // connections) and then behind a second pass for the session's own wake-up. Instead they are
-  // run at the next request start on this worker (begin_request), or by one posted handler if
-  // that comes first (an idle worker), and each resumes its session directly.
+  // Results made on other threads for sessions of this worker (CrossThreadResult::fulfil).
+  // Posted to ioc, each would queue behind every handler already ready (under load, a whole pass
+  // through the busy connections) and then behind a second pass for the session's own wake-up.
+  // Instead they are run at the next request start on this worker (begin_request), or by one
+  // posted handler if that comes first (an idle worker), and each resumes its session directly.
   using Suspended = std::list<net::any_completion_handler<void()>>;  // see `suspended`
   // Any thread:
   void deliver(std::function<void()> f) {
@@ -287,9 +287,9 @@ struct Worker {
     if (sends.size() == 1) net::post(ioc, [this] { flush_sends(); });
   }
   void flush_sends();
-  // Sessions suspended in CrossThreadResult::wait(), by their resumptions. Owned here, so that a worker torn
-  // down with sessions still waiting destroys them (their coroutine frames hold the CrossThreadResult) first,
-  // while everything they use is still there: keep this the last member.
+  // Sessions suspended in CrossThreadResult::wait(), by their resumptions. Owned here, so that a
+  // worker torn down with sessions still waiting destroys them (their coroutine frames hold the
+  // CrossThreadResult) first, while everything they use is still there: keep this the last member.
   Suspended suspended;
   Suspended::iterator suspend(net::any_completion_handler<void()> h) {
     return suspended.insert(suspended.end(), std::move(h));

@@ -37,9 +37,7 @@ struct Fixture {
     in.mode = mode;
     in.resource = &resource;
     in.token = &token;
-    in.method = head.method;
-    in.target = head.target;
-    in.user_agent = head.user_agent();
+    in.request = &head;
     in.client = "192.0.2.1";
     in.token_header = cfg.token_header;
     return in;
