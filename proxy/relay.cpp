@@ -301,11 +301,14 @@ void Session::give_back(const config::Route& route, std::unique_ptr<UpConn> c) {
 // Forwards one admitted request and relays its answer, in stages: the upstream head, an upstream
 // connection, the request (head and body), the response head, its framing, the client's head,
 // the response body. Returns whether the client connection goes on.
-task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::size_t head_len,
-                            const config::Route& route, const std::string& resource, bool client_keep_alive,
-                            bool expect_continue, std::shared_ptr<Exchange> ex, const FenceHeaders& fence) {
+task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex) {
   const auto& cfg = this->cfg();
-  Forwarding fw{route, resource, fence, std::move(ex), head.version, head.method == "HEAD", client_keep_alive};
+  const RequestHead& head = sc_->head;
+  const Framing& fr = rq.framing;
+  const config::Route& route = *rq.match.route;
+  const std::string& resource = rq.match.resource;
+  const bool expect_continue = rq.expect_continue;
+  Forwarding fw{route, resource, rq.fence, std::move(ex), head.version, head.method == "HEAD", rq.client_keep_alive};
   Exchange& x = *fw.ex;
   boost::system::error_code ec;
   timed_out_ = false;
@@ -315,7 +318,7 @@ task<bool> Session::forward(const RequestHead& head, const Framing& fr, std::siz
   const bool safe_bodiless = (head.method == "GET" || head.method == "HEAD" || head.method == "OPTIONS") &&
                              !route.is_fenced(head.method) && !fr.chunked && fr.content_length.value_or(0) == 0 &&
                              !expect_continue;
-  sc_->in.consume(head_len);  // `head` is not used past this point
+  sc_->in.consume(rq.head_len);  // `head` is not used past this point
 
   // Upstream connection.
   std::unique_ptr<UpConn> conn = pooled_upstream(route);

@@ -193,16 +193,18 @@ task<boost::system::error_code> Session::read_client(std::size_t want, std::chro
   co_return ec;
 }
 
-task<bool> Session::reply(const Problem& p, bool keep_alive, int version, const FenceHeaders& marks) {
+// Answers with a local reply (proxy/local_reply.h); a fenced request's problem names its resource
+// and generations even when it is not a fence decision (502, 504, 408, ...).
+task<bool> Session::reply(const Problem& p, bool keep_alive, int version, const FenceHeaders& fence) {
   std::string r;
-  if (marks.generation && p.resource.empty() && !marks.resource.empty()) {
+  if (fence.generation && p.resource.empty() && !fence.resource.empty()) {
     Problem q = p;
-    q.resource = std::string(marks.resource);
-    q.presented = marks.presented;
-    q.current = marks.generation;
-    r = local_reply(q, keep_alive, version, marks, sc_->head_method);
+    q.resource = std::string(fence.resource);
+    q.presented = fence.presented;
+    q.current = fence.generation;
+    r = local_reply(q, keep_alive, version, fence, sc_->head_method);
   } else {
-    r = local_reply(p, keep_alive, version, marks, sc_->head_method);
+    r = local_reply(p, keep_alive, version, fence, sc_->head_method);
   }
   timed_out_ = false;
   arm(cfg().body_timeout);
@@ -333,8 +335,7 @@ task<bool> Session::handle(std::size_t head_len) {
     rt_.fence.track_observed(w_.fence_resource(rt_.fence, rq.match.resource), &ex->node);
   }
   // 4. Forward.
-  co_return co_await forward(sc_->head, rq.framing, rq.head_len, route, rq.match.resource, rq.client_keep_alive,
-                             rq.expect_continue, std::move(ex), rq.fence);
+  co_return co_await forward(rq, std::move(ex));
 }
 
 // The request's values from its head: framing, keep-alive intent, HEAD.

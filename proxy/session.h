@@ -240,9 +240,7 @@ class Session {
     bool keep = false;         // the client connection goes on after
     bool chunk_out = false;    // the body goes to the client in chunks of our framing
   };
-  task<bool> forward(const RequestHead& head, const Framing& fr, std::size_t head_len, const config::Route& route,
-                     const std::string& resource, bool client_keep_alive, bool expect_continue,
-                     std::shared_ptr<Exchange> ex, const FenceHeaders& fence);
+  task<bool> forward(const RequestState& rq, std::shared_ptr<Exchange> ex);
   void build_upstream_head(const RequestHead& head, const Framing& fr, const config::Route& route);
   task<std::optional<bool>> send_chunked_body(Forwarding& fw);
   task<bool> relay_interim(Forwarding& fw);
