@@ -259,6 +259,31 @@ constexpr Endpoint kEndpoints[] = {
     {"POST", "/v1/config/reload", "re-read the config file (same as SIGHUP); a bad config is rejected whole"},
 };
 
+// A value made on another thread (a fence decision, the store's commit) for an admin session:
+// posted to the admin thread, where the session waits for it on a timer that the delivery ends.
+template <class T>
+struct PostedResult {
+  explicit PostedResult(net::io_context& c) : ioc(c), timer(c, net::steady_timer::time_point::max()) {}
+  net::io_context& ioc;
+  net::steady_timer timer;
+  std::optional<T> value;  // on the admin thread only
+
+  // Any thread, once.
+  static void deliver(const std::shared_ptr<PostedResult>& r, T v) {
+    net::post(r->ioc, [r, v] {
+      r->value = v;
+      r->timer.cancel();
+    });
+  }
+  awaitable<T> wait() {
+    while (!value) {
+      boost::system::error_code ec;
+      co_await timer.async_wait(net::redirect_error(use_awaitable, ec));
+    }
+    co_return *value;
+  }
+};
+
 class Admin;
 
 class AdminSession {
@@ -756,50 +781,21 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
 awaitable<Decision> AdminSession::advance(const std::string& resource, std::int64_t g, const std::string& leader,
                                           InflightNode* node) {
   Runtime& rt = admin_.rt;
-  struct Wait {
-    explicit Wait(net::io_context& ioc) : timer(ioc, net::steady_timer::time_point::max()) {}
-    net::steady_timer timer;
-    std::optional<Decision> d;
-  };
-  auto w = std::make_shared<Wait>(admin_.ioc);
-  net::io_context& ioc = admin_.ioc;
+  auto result = std::make_shared<PostedResult<Decision>>(admin_.ioc);
+  auto deliver = [result](Decision dd) { PostedResult<Decision>::deliver(result, dd); };
   Decision d;
-  auto deliver = [w, &ioc](Decision dd) {
-    net::post(ioc, [w, dd] {
-      w->d = dd;
-      w->timer.cancel();
-    });
-  };
   const bool now = node ? rt.fence.admit(resource, g, leader, node, &d, deliver)
                         : rt.fence.observe(resource, g, leader, &d, deliver);
   if (now) co_return d;
-  while (!w->d) {
-    boost::system::error_code ec;
-    co_await w->timer.async_wait(net::redirect_error(use_awaitable, ec));
-  }
-  co_return *w->d;
+  co_return co_await result->wait();
 }
 
 // Appends an audit row and waits until it is durable (or failed).
 awaitable<store::Status> AdminSession::audit_sync(store::AuditRow row) {
-  struct Wait {
-    explicit Wait(net::io_context& ioc) : timer(ioc, net::steady_timer::time_point::max()) {}
-    net::steady_timer timer;
-    std::optional<store::Status> st;
-  };
-  auto w = std::make_shared<Wait>(admin_.ioc);
-  net::io_context& ioc = admin_.ioc;
-  admin_.rt.store.append_audit(std::move(row), [w, &ioc](store::Status s) {
-    net::post(ioc, [w, s] {
-      w->st = s;
-      w->timer.cancel();
-    });
-  });
-  while (!w->st) {
-    boost::system::error_code ec;
-    co_await w->timer.async_wait(net::redirect_error(use_awaitable, ec));
-  }
-  co_return *w->st;
+  auto result = std::make_shared<PostedResult<store::Status>>(admin_.ioc);
+  admin_.rt.store.append_audit(std::move(row),
+                               [result](store::Status st) { PostedResult<store::Status>::deliver(result, st); });
+  co_return co_await result->wait();
 }
 
 Reply AdminSession::audit(const std::map<std::string, std::string>& q) {
