@@ -292,7 +292,7 @@ bool Session::body_abandoned(const Framing& fr, std::size_t head_len) {
 // One request, top to bottom: check the head, route it (once), admit it (the fence decision,
 // proxy/admission.h), forward it (relay.cpp). Every refusal is answered through reply().
 task<bool> Session::handle(std::size_t head_len) {
-  RequestState& rq = sc_->request;
+  RequestState rq;  // in this coroutine's frame: only while the request runs
   start_request(rq, head_len);
   // 1. The head's own checks. A refusal here still carries Fencing-Generation when the path
   // routes to a fenced resource, as every answer to a fenced request does.
@@ -305,7 +305,7 @@ task<bool> Session::handle(std::size_t head_len) {
   }
   if (rq.match.outcome == config::Router::Outcome::no_route) {
     sc_->problem = Problem{404, "no-route", "Not found", "no route matches this path"};
-    co_return co_await refuse(sc_->problem, kNoFenceHeaders);
+    co_return co_await refuse(rq, sc_->problem, kNoFenceHeaders);
   }
   const config::Route& route = *rq.match.route;
   rq.fenced = route.mode != Mode::off && route.is_fenced(sc_->head.method);
@@ -470,7 +470,7 @@ Session::AdmitNow Session::admit_now(RequestState& rq, Exchange& ex) {
   if (token_ok)
     if (Authority* au = st_.authorities ? st_.authorities->for_route(route) : nullptr) rq.authority = au->check(g);
   AdmissionInput in = admission_input(rq);
-  Admission& a = sc_->admission;
+  Admission& a = rq.admission;
   a = decide_admission(in, rt_.fence);
   if (a.step == AdmissionStep::ask_fence) {
     const bool enforce = route.mode == Mode::enforce;
@@ -488,7 +488,7 @@ Session::AdmitNow Session::admit_now(RequestState& rq, Exchange& ex) {
 
 // An admitted write: its fence headers, its would-be refusal's audit row (observe), counted.
 void Session::admitted(RequestState& rq) {
-  Admission& a = sc_->admission;
+  Admission& a = rq.admission;
   rq.fence.generation = a.generation;
   if (!a.observe.empty()) rq.fence.observe = a.observe;
   if (a.audit) rt_.store.append_audit(std::move(*a.audit), nullptr);
@@ -499,7 +499,7 @@ void Session::admitted(RequestState& rq) {
 // for a refusal's audit row to be durable. *answered: the request was answered here (or its
 // client left); the result is then whether the connection goes on.
 task<bool> Session::admit_after_wait(RequestState& rq, Exchange& ex, AdmitNow state, bool* answered) {
-  Admission& a = sc_->admission;
+  Admission& a = rq.admission;
   *answered = true;
   if (state == AdmitNow::wait_fence) {
     const std::int64_t g = rq.token.generation;
@@ -537,7 +537,7 @@ task<bool> Session::admit_after_wait(RequestState& rq, Exchange& ex, AdmitNow st
     if (!st.ok()) audit_failed(a, st);
   }
   note_admission(a, rq);
-  co_return co_await refuse(a.refusal, rq.fence);
+  co_return co_await refuse(rq, a.refusal, rq.fence);
 }
 
 // Every rejection (and would-be rejection) is counted and logged with its context.
@@ -590,8 +590,7 @@ void Session::note_admission(const Admission& a, const RequestState& rq) {
 // A request refused before its body was read keeps the connection only if its body is small
 // and Content-Length framed: the body is then read and discarded. Otherwise the connection
 // closes after the reply.
-task<bool> Session::refuse(const Problem& p, const FenceHeaders& fence) {
-  RequestState& rq = sc_->request;
+task<bool> Session::refuse(const RequestState& rq, const Problem& p, const FenceHeaders& fence) {
   const Framing& fr = rq.framing;
   const bool can_skip = rq.client_keep_alive &&
                         (!rq.has_body || (!fr.chunked && !rq.expect_continue && *fr.content_length <= kDiscardLimit));

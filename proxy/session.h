@@ -211,7 +211,7 @@ class Session {
   AdmissionInput admission_input(const RequestState& rq) const;
   void admitted(RequestState& rq);
   void note_admission(const Admission& a, const RequestState& rq);
-  task<bool> refuse(const Problem& p, const FenceHeaders& fence);
+  task<bool> refuse(const RequestState& rq, const Problem& p, const FenceHeaders& fence);
   bool body_abandoned(const Framing& fr, std::size_t head_len);
   task<bool> reply(const Problem& p, bool keep_alive, int version, const FenceHeaders& fence);
   task<store::Status> audit_sync(store::AuditRow& row);  // moves from row

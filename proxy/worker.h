@@ -45,7 +45,8 @@ struct ServerState {
 class Session;
 
 // One request's values that its stages share (session.cpp: check, route, admit; relay.cpp:
-// forward), kept with the scratch buffers rather than in the request coroutine's frame.
+// forward). It lives in the frame of the request's coroutine (Session::handle), so a connection
+// waiting for its next request holds none of it.
 struct RequestState {
   std::size_t head_len = 0;               // bytes of the head in Scratch::in
   int version = 11;                       // 10 or 11
@@ -60,6 +61,7 @@ struct RequestState {
   PresentedToken token;
   std::optional<AuthorityCheck> authority;  // the route's election authority's verdict on the token
   Decision decision;                        // the fence's, once asked
+  Admission admission;                      // the admission decision
 };
 
 // What a connection needs only while it is not parked: buffers and the parsed heads. Leased
@@ -72,11 +74,9 @@ struct Scratch {
   ResponseHead resp;
   std::vector<net::const_buffer> gather;
   std::string frame, te_value;
-  RequestState request;
   // Built here, not as temporaries inside a co_await expression: those would each take a slot
   // in the request coroutine's frame (GCC keeps them across the suspension).
   Problem problem{0, {}, {}, {}};
-  Admission admission;
 };
 
 // The result of the last lookup by name, kept: nearly every request of a worker goes to the
