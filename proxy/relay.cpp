@@ -92,6 +92,15 @@ task<void> linger_after_failure(std::shared_ptr<Exchange> ex, std::chrono::milli
   active.fetch_sub(1, std::memory_order_relaxed);
 }
 
+// A bodiless GET, HEAD or OPTIONS that the route does not count as a write (write_methods may
+// name GET): safe to send again (RFC 9110 9.2.1, RFC 9112 9.3.1).
+bool safe_to_send_again(const RequestHead& head, const RequestState& rq) {
+  const Framing& fr = rq.framing;
+  return (head.method == "GET" || head.method == "HEAD" || head.method == "OPTIONS") &&
+         !rq.match.route->is_fenced(head.method) && !fr.chunked && fr.content_length.value_or(0) == 0 &&
+         !rq.expect_continue;
+}
+
 }  // namespace
 
 // The first read of an upstream answer for a request that already waited on another thread
@@ -306,18 +315,14 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
   const RequestHead& head = sc_->head;
   const Framing& fr = rq.framing;
   const config::Route& route = *rq.match.route;
-  const std::string& resource = rq.match.resource;
-  const bool expect_continue = rq.expect_continue;
-  Forwarding fw{route, resource, rq.fence, std::move(ex), head.version, head.method == "HEAD", rq.client_keep_alive};
+  Forwarding fw{route, rq.match.resource, rq.fence, std::move(ex), head.version, head.method == "HEAD",
+                rq.client_keep_alive};
   Exchange& x = *fw.ex;
   boost::system::error_code ec;
   timed_out_ = false;
-  count(resource, Outcome::forwarded);
+  count(fw.resource, Outcome::forwarded);
   build_upstream_head(head, fr, route);
-  // (Not a method the route counts as a write: write_methods may name GET.)
-  const bool safe_bodiless = (head.method == "GET" || head.method == "HEAD" || head.method == "OPTIONS") &&
-                             !route.is_fenced(head.method) && !fr.chunked && fr.content_length.value_or(0) == 0 &&
-                             !expect_continue;
+  const bool safe_bodiless = safe_to_send_again(head, rq);
   sc_->in.consume(rq.head_len);  // `head` is not used past this point
 
   // Upstream connection.
@@ -334,7 +339,7 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
   fw.may_retry = reused && safe_bodiless;
   up.duplex = false;
   waiting_up_ = &up;
-  if (expect_continue) {
+  if (rq.expect_continue) {
     static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     arm(cfg.body_timeout);
     co_await net::async_write(client_, net::buffer(kContinue), net::redirect_error(use_task, ec));
