@@ -131,7 +131,7 @@ bool parse_level(std::string_view s, Level* out) {
   return true;
 }
 
-std::string json_quote(std::string_view s) { return json::quote(s); }
+
 
 void write(Level l, std::string_view msg, std::initializer_list<Field> fields) {
   if (!enabled(l)) return;

@@ -44,8 +44,5 @@ inline void debug(std::string_view m, std::initializer_list<Field> f = {}) {
   if (enabled(Level::debug)) write(Level::debug, m, f);
 }
 
-// JSON string escaping (with quotes): forwards to json::quote (common/json.h), kept while callers
-// move over.
-std::string json_quote(std::string_view s);
 
 }  // namespace fencegate::log

@@ -164,11 +164,6 @@ class Store {
   virtual std::uint64_t commit_count() const { return 0; }
 
   static constexpr int kSchemaVersion = 1;
-
- private:
-  // A test seam, public only in fence_store/store_testing.h (TestableStore). Here, private and a
-  // no-op, only while a test double outside fence_store still overrides it; then it goes.
-  virtual void inject_commit_failure(bool) {}
 };
 
 }  // namespace fencegate::store

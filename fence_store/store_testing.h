@@ -18,7 +18,7 @@ class TestableStore : public Store {
   // While set, every commit fails as a real I/O error would (for fail-closed tests): the batch is
   // rolled back and its completions get an error naming the database ("... injected commit
   // failure"); fire-and-forget audit rows are kept for a later batch, as after a real failure.
-  void inject_commit_failure(bool on) override = 0;
+  virtual void inject_commit_failure(bool on) = 0;
 };
 
 // Store::open, returning the store with its seam. nullptr and *error as Store::open.

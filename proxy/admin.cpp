@@ -13,11 +13,15 @@
 
 #include "config/router.h"
 #include "fence_store/store.h"
+#include "proxy/admin_query.h"
 #include "proxy/audit_json.h"
+#include "proxy/admission.h"
 #include "proxy/authority.h"
 #include "proxy/fence.h"
 #include "proxy/head.h"
-#include "proxy/log.h"
+#include "proxy/listener.h"
+#include "proxy/local_reply.h"
+#include "common/log.h"
 #include "proxy/metrics.h"
 #include "proxy/runtime.h"
 #include "proxy/timefmt.h"
@@ -48,28 +52,19 @@ struct Reply {
   std::string extra_headers;
 };
 
-const char* reason(unsigned s) {
-  switch (s) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 409: return "Conflict";
-    case 413: return "Content Too Large";
-    case 422: return "Unprocessable Content";
-    case 428: return "Precondition Required";
-    case 500: return "Internal Server Error";
-    case 431: return "Request Header Fields Too Large";
-    case 503: return "Service Unavailable";
-    default: return "Error";
-  }
-}
-
 // The audit log and the fence state hold request bytes as they came (a header value need not be
 // UTF-8): invalid sequences are sent as U+FFFD rather than failing the whole answer.
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"; }
+
+// The bytes of an answer: its head and, unless `with_body` is false (HEAD), its body.
+std::string response_bytes(const Reply& rep, bool keep, bool with_body) {
+  std::string out = "HTTP/1.1 " + std::to_string(rep.status) + " " + reason_phrase(rep.status) +
+                    "\r\nContent-Type: " + rep.content_type + "\r\nContent-Length: " + std::to_string(rep.body.size()) +
+                    "\r\nCache-Control: no-store\r\n" + rep.extra_headers + (keep ? "" : "Connection: close\r\n") +
+                    "\r\n";
+  if (with_body) out += rep.body;
+  return out;
+}
 
 Reply json_reply(unsigned status, const json& j) {
   Reply r;
@@ -78,70 +73,26 @@ Reply json_reply(unsigned status, const json& j) {
   return r;
 }
 
+// A problem+json reply (local_reply.h builds the body); `extra` adds members to it.
 Reply problem(unsigned status, std::string type, std::string title, std::string detail, json extra = json::object()) {
-  json j = {{"type", "urn:fencegate:problem:" + type}, {"title", title}, {"status", status}, {"detail", detail}};
-  for (auto& [k, v] : extra.items()) j[k] = v;
+  std::string members;
+  for (auto& [k, v] : extra.items()) {
+    if (!members.empty()) members += ',';
+    members += json(k).dump() + ":" + v.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
   Reply r;
   r.status = status;
   r.content_type = "application/problem+json";
-  r.body = dump(j);
+  r.body = problem_body(Problem{status, std::move(type), std::move(title), std::move(detail)}, members);
   return r;
 }
 
-std::string pct_decode(std::string_view s, bool* ok) {
-  std::string o;
-  *ok = true;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '+') {
-      o += ' ';
-    } else if (s[i] == '%') {
-      auto hex = [](char c) -> int {
-        if (c >= '0' && c <= '9') return c - '0';
-        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-        return -1;
-      };
-      if (i + 2 >= s.size() + 0 && i + 2 > s.size() - 1) {
-        *ok = false;
-        return {};
-      }
-      int a = hex(s[i + 1]), b = hex(s[i + 2]);
-      if (a < 0 || b < 0) {
-        *ok = false;
-        return {};
-      }
-      o += static_cast<char>(a * 16 + b);
-      i += 2;
-    } else {
-      o += s[i];
-    }
-  }
-  return o;
-}
-
-// Query parameters; the last occurrence wins.
-std::map<std::string, std::string> parse_query(std::string_view q, std::string* error) {
-  std::map<std::string, std::string> out;
-  while (!q.empty()) {
-    auto amp = q.find('&');
-    std::string_view kv = q.substr(0, amp);
-    q = amp == std::string_view::npos ? std::string_view() : q.substr(amp + 1);
-    if (kv.empty()) continue;
-    auto eq = kv.find('=');
-    bool ok1, ok2;
-    std::string k = pct_decode(kv.substr(0, eq), &ok1);
-    std::string v = eq == std::string_view::npos ? std::string() : pct_decode(kv.substr(eq + 1), &ok2);
-    if (!ok1 || (eq != std::string_view::npos && !ok2)) {
-      *error = "bad percent-encoding in the query string";
-      return {};
-    }
-    // ?resource=a&resource=b must not quietly mean b (nor a): say so.
-    if (!out.emplace(k, v).second) {
-      *error = k + ": given more than once";
-      return {};
-    }
-  }
-  return out;
+Reply problem(const Problem& p) {
+  Reply r;
+  r.status = p.status;
+  r.content_type = "application/problem+json";
+  r.body = problem_body(p);
+  return r;
 }
 
 bool valid_resource_name(std::string_view r) {
@@ -151,19 +102,29 @@ bool valid_resource_name(std::string_view r) {
   return true;
 }
 
-// The mode the data path fences `resource` in: a route that names it literally owns it (it may sit
-// beside a template route in another mode: one tenant goes first); else a fencing route whose
-// template can make it (config validation makes them agree). `off` routes never fence: only
-// when no other route can make the name is it "off".
+// The route that fences `resource` on the data path: a route that names it literally owns it (it
+// may sit beside a template route in another mode: one tenant goes first); else a fencing route
+// whose template can make it (config validation makes all of those agree on mode and authority).
+// nullptr if no fencing route makes it; then *off says whether an `off` route can. One pass.
+// (The Router maps targets, not resources; this belongs beside it in config/router.)
+const config::Route* route_owning(const config::Config& cfg, std::string_view resource, bool* off) {
+  const config::Route* by_template = nullptr;
+  *off = false;
+  for (const auto& r : cfg.routes) {
+    if (r.mode != config::Mode::off && r.resource == resource) return &r;
+    if ((by_template && *off) || !resource_matches_template(r.resource, resource)) continue;
+    if (r.mode == config::Mode::off) *off = true;
+    else if (!by_template) by_template = &r;
+  }
+  return by_template;
+}
+
+// The mode the data path fences `resource` in; `off` routes never fence: only when no other route
+// can make the name is it "off".
 std::string mode_of(const config::Config& cfg, std::string_view resource) {
-  for (const auto& r : cfg.routes)
-    if (r.mode != config::Mode::off && r.resource == resource) return std::string(config::to_string(r.mode));
-  for (const auto& r : cfg.routes)
-    if (r.mode != config::Mode::off && resource_matches_template(r.resource, resource))
-      return std::string(config::to_string(r.mode));
-  for (const auto& r : cfg.routes)
-    if (resource_matches_template(r.resource, resource)) return "off";
-  return "unrouted";
+  bool off = false;
+  if (const config::Route* r = route_owning(cfg, resource, &off)) return std::string(config::to_string(r->mode));
+  return off ? "off" : "unrouted";
 }
 
 // A Host a loopback-only admin API answers to: "localhost" or an IP literal, with an optional
@@ -203,6 +164,72 @@ json audit_json(const store::AuditRecord& rec) {
   return json::parse(audit_row_json(rec));
 }
 
+// The barrier's generation and leader, from the token and leader headers or the JSON body
+// {"generation": N, "leader": "..."} (both given: they must agree). A reply when they are
+// missing or malformed.
+std::optional<Reply> read_barrier(const RequestHead& h, std::string_view body, const config::Config& cfg,
+                                  std::int64_t* generation, std::string* leader_out) {
+  std::int64_t& g = *generation;
+  std::string& leader = *leader_out;
+  g = 0;
+  leader.clear();
+  std::string_view tv, lv;
+  std::size_t nt = h.count(cfg.token_header, &tv);
+  const std::size_t nl = h.count(cfg.leader_header, &lv);
+  if (nl == 1) leader = std::string(lv);
+  if (nt > 1) return problem(400, "malformed-token", "Malformed fencing token", "several token headers");
+  if (nl > 1) return problem(400, "bad-leader", "Bad request", "several " + cfg.leader_header + " headers");
+  if (nt == 1) {
+    auto t = parse_token(tv);
+    if (!t) return problem(400, "malformed-token", "Malformed fencing token", "the token is not a canonical decimal in 1..2^63-1");
+    g = *t;
+  }
+  if (!body.empty()) {
+    // A repeated key is refused, not resolved (nlohmann keeps the last one): {"generation": 9,
+    // "generation": 6} must not mean whichever a reader of the request happens to pick.
+    std::set<std::string> keys;
+    std::string repeated;
+    json j = json::parse(
+        body,
+        [&](int depth, json::parse_event_t ev, json& parsed) {
+          if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string() &&
+              !keys.insert(parsed.get<std::string>()).second && repeated.empty())
+            repeated = parsed.get<std::string>();
+          return true;
+        },
+        false);
+    if (j.is_discarded() || !j.is_object())
+      return problem(400, "bad-json", "Bad request", "the body must be a JSON object {\"generation\": N, \"leader\": \"...\"}");
+    if (!repeated.empty()) return problem(400, "bad-json", "Bad request", "duplicate key \"" + repeated + "\"");
+    for (auto& [k, v] : j.items())
+      if (k != "generation" && k != "leader")
+        return problem(400, "bad-json", "Bad request", "unknown key \"" + k + "\"");
+    if (j.contains("generation")) {
+      const auto& v = j["generation"];
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 1)
+        return problem(400, "malformed-token", "Malformed fencing token", "generation must be an integer in 1..2^63-1");
+      std::int64_t jg = v.get<std::int64_t>();
+      if (g && g != jg) return problem(400, "malformed-token", "Malformed fencing token", "header and body disagree");
+      g = jg;
+    }
+    if (j.contains("leader")) {
+      if (!j["leader"].is_string()) return problem(400, "bad-json", "Bad request", "leader must be a string");
+      // As with the generation: a header and a body that disagree are refused, not resolved.
+      if (h.count(cfg.leader_header) && j["leader"].get<std::string>() != leader)
+        return problem(400, "bad-leader", "Bad request", "the " + cfg.leader_header + " header and the body's leader disagree");
+      leader = j["leader"].get<std::string>();
+    }
+  }
+  if (g == 0)
+    return problem(428, "token-required", "Fencing token required",
+                      "give the generation in the " + cfg.token_header + " header or as {\"generation\": N}");
+  if (leader.size() > cfg.max_leader_bytes) return problem(400, "bad-leader", "Bad request", "leader is too long");
+  // As in a Fencing-Leader header: no control characters (it is shown in logs and audit rows).
+  if (std::any_of(leader.begin(), leader.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+    return problem(400, "bad-leader", "Bad request", "leader must not contain control characters");
+  return std::nullopt;
+}
+
 struct Endpoint {
   const char* method;
   const char* path;
@@ -223,6 +250,31 @@ constexpr Endpoint kEndpoints[] = {
     {"POST", "/v1/config/reload", "re-read the config file (same as SIGHUP); a bad config is rejected whole"},
 };
 
+// A value made on another thread (a fence decision, the store's commit) for an admin session:
+// posted to the admin thread, where the session waits for it on a timer that the delivery ends.
+template <class T>
+struct PostedResult {
+  explicit PostedResult(net::io_context& c) : ioc(c), timer(c, net::steady_timer::time_point::max()) {}
+  net::io_context& ioc;
+  net::steady_timer timer;
+  std::optional<T> value;  // on the admin thread only
+
+  // Any thread, once.
+  static void deliver(const std::shared_ptr<PostedResult>& r, T v) {
+    net::post(r->ioc, [r, v] {
+      r->value = v;
+      r->timer.cancel();
+    });
+  }
+  awaitable<T> wait() {
+    while (!value) {
+      boost::system::error_code ec;
+      co_await timer.async_wait(net::redirect_error(use_awaitable, ec));
+    }
+    co_return *value;
+  }
+};
+
 class Admin;
 
 class AdminSession {
@@ -232,7 +284,24 @@ class AdminSession {
 
  private:
   awaitable<Reply> route(const RequestHead& h, std::string_view body);
+  // Reads some bytes, bounded by kAdminIdle (a head or body that stops coming): the deadline
+  // timer closes the socket.
+  awaitable<std::size_t> read_some(net::steady_timer& deadline, net::mutable_buffer into, boost::system::error_code& ec) {
+    deadline.expires_after(kAdminIdle);
+    deadline.async_wait([this](boost::system::error_code e) {
+      if (!e) {
+        boost::system::error_code ig;
+        sock_.close(ig);
+      }
+    });
+    std::size_t n = co_await sock_.async_read_some(into, net::redirect_error(use_awaitable, ec));
+    deadline.cancel();
+    co_return n;
+  }
   awaitable<Reply> fence(const std::string& resource, const RequestHead& h, std::string_view body);
+  awaitable<Decision> advance(const std::string& resource, std::int64_t g, const std::string& leader,
+                              InflightNode* node);
+  awaitable<store::Status> audit_sync(store::AuditRow row);
   Reply resources(const std::string* one);
   Reply metrics();
   Reply readyz();
@@ -362,10 +431,7 @@ awaitable<void> AdminSession::run() {
                         ? problem(431, "header-too-large", "Request header fields too large",
                                   "admin request heads are limited to 16 KiB")
                         : problem(400, "bad-request", "Bad request", s.reason);
-        std::string out = "HTTP/1.1 " + std::to_string(rep.status) + " " + reason(rep.status) +
-                          "\r\nContent-Type: " + rep.content_type +
-                          "\r\nContent-Length: " + std::to_string(rep.body.size()) + "\r\nConnection: close\r\n\r\n" +
-                          rep.body;
+        std::string out = response_bytes(rep, false, true);
         boost::system::error_code ec;
         co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
         sock_.shutdown(tcp::socket::shutdown_send, ec);
@@ -373,25 +439,16 @@ awaitable<void> AdminSession::run() {
       }
       char tmp[4096];
       boost::system::error_code ec;
-      // Bound idle time with a timer that closes the socket.
-      deadline.expires_after(kAdminIdle);
-      deadline.async_wait([this](boost::system::error_code e) {
-        if (!e) {
-          boost::system::error_code ig;
-          sock_.close(ig);
-        }
-      });
-      std::size_t n = co_await sock_.async_read_some(net::buffer(tmp), net::redirect_error(use_awaitable, ec));
-      deadline.cancel();
+      std::size_t n = co_await read_some(deadline, net::buffer(tmp), ec);
       if (ec) co_return;
       buf_.append(tmp, n);
     }
-    // Re-scan over the final buffer so the views point into it.
-    scan_request_head(buf_, kMaxAdminHead, &h);
+    // The head is scanned once: its views point into buf_, which nothing appends to from here on
+    // (the rest of a body goes to body_bytes).
     Framing fr = check_framing(h);
     Reply rep;
     bool keep = true;
-    std::size_t body_len = 0;
+    std::size_t body_len = 0, body_in_buf = 0;  // the body's length, and its bytes read with the head
     if (!fr.ok || fr.chunked) {
       rep = problem(400, "bad-request", "Bad request", fr.ok ? "chunked bodies are not accepted here" : fr.reason);
       keep = false;
@@ -400,23 +457,18 @@ awaitable<void> AdminSession::run() {
       keep = false;
     } else {
       body_len = fr.content_length.value_or(0);
-      while (buf_.size() < head_len + body_len) {
+      body_in_buf = std::min(body_len, buf_.size() - head_len);
+      std::string body_bytes = buf_.substr(head_len, body_in_buf);
+      while (body_bytes.size() < body_len) {
         char tmp[4096];
         boost::system::error_code ec;
-        deadline.expires_after(kAdminIdle);  // a body that stops coming is bounded like a head
-        deadline.async_wait([this](boost::system::error_code e) {
-          if (!e) {
-            boost::system::error_code ig;
-            sock_.close(ig);
-          }
-        });
-        std::size_t n = co_await sock_.async_read_some(net::buffer(tmp), net::redirect_error(use_awaitable, ec));
-        deadline.cancel();
+        // Never past the body: what follows it (a pipelined request) stays unread.
+        const std::size_t want = std::min(sizeof tmp, body_len - body_bytes.size());
+        std::size_t n = co_await read_some(deadline, net::buffer(tmp, want), ec);
         if (ec) co_return;
-        buf_.append(tmp, n);
+        body_bytes.append(tmp, n);
       }
-      scan_request_head(buf_, kMaxAdminHead, &h);
-      std::string_view body(buf_.data() + head_len, body_len);
+      std::string_view body(body_bytes);
       try {
         rep = co_await route(h, body);
       } catch (const std::exception& e) {
@@ -426,15 +478,11 @@ awaitable<void> AdminSession::run() {
       if (h.count("Connection", &conn) && iequals(conn, "close")) keep = false;
       if (h.version == 10) keep = false;
     }
-    std::string out = "HTTP/1.1 " + std::to_string(rep.status) + " " + reason(rep.status) +
-                      "\r\nContent-Type: " + rep.content_type + "\r\nContent-Length: " + std::to_string(rep.body.size()) +
-                      "\r\nCache-Control: no-store\r\n" + rep.extra_headers + (keep ? "" : "Connection: close\r\n") +
-                      "\r\n";
-    if (h.method != "HEAD") out += rep.body;  // HEAD: same headers, no body
+    std::string out = response_bytes(rep, keep, h.method != "HEAD");  // HEAD: same headers, no body
     boost::system::error_code ec;
     co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
     if (ec || !keep) co_return;
-    buf_.erase(0, head_len + body_len);
+    buf_.erase(0, head_len + body_in_buf);
   }
 }
 
@@ -644,221 +692,101 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   const config::Config& cfg = *snap->cfg;
   std::int64_t g = 0;
   std::string leader;
-  std::string_view tv, lv;
-  std::size_t nt = h.count(cfg.token_header, &tv);
-  const std::size_t nl = h.count(cfg.leader_header, &lv);
-  if (nl == 1) leader = std::string(lv);
-  if (nt > 1) co_return problem(400, "malformed-token", "Malformed fencing token", "several token headers");
-  if (nl > 1) co_return problem(400, "bad-leader", "Bad request", "several " + cfg.leader_header + " headers");
-  if (nt == 1) {
-    auto t = parse_token(tv);
-    if (!t) co_return problem(400, "malformed-token", "Malformed fencing token", "the token is not a canonical decimal in 1..2^63-1");
-    g = *t;
-  }
-  if (!body.empty()) {
-    // A repeated key is refused, not resolved (nlohmann keeps the last one): {"generation": 9,
-    // "generation": 6} must not mean whichever a reader of the request happens to pick.
-    std::set<std::string> keys;
-    std::string repeated;
-    json j = json::parse(
-        body,
-        [&](int depth, json::parse_event_t ev, json& parsed) {
-          if (ev == json::parse_event_t::key && depth == 1 && parsed.is_string() &&
-              !keys.insert(parsed.get<std::string>()).second && repeated.empty())
-            repeated = parsed.get<std::string>();
-          return true;
-        },
-        false);
-    if (j.is_discarded() || !j.is_object())
-      co_return problem(400, "bad-json", "Bad request", "the body must be a JSON object {\"generation\": N, \"leader\": \"...\"}");
-    if (!repeated.empty()) co_return problem(400, "bad-json", "Bad request", "duplicate key \"" + repeated + "\"");
-    for (auto& [k, v] : j.items())
-      if (k != "generation" && k != "leader")
-        co_return problem(400, "bad-json", "Bad request", "unknown key \"" + k + "\"");
-    if (j.contains("generation")) {
-      const auto& v = j["generation"];
-      if (!v.is_number_integer() || v.get<std::int64_t>() < 1)
-        co_return problem(400, "malformed-token", "Malformed fencing token", "generation must be an integer in 1..2^63-1");
-      std::int64_t jg = v.get<std::int64_t>();
-      if (g && g != jg) co_return problem(400, "malformed-token", "Malformed fencing token", "header and body disagree");
-      g = jg;
-    }
-    if (j.contains("leader")) {
-      if (!j["leader"].is_string()) co_return problem(400, "bad-json", "Bad request", "leader must be a string");
-      // As with the generation: a header and a body that disagree are refused, not resolved.
-      if (h.count(cfg.leader_header) && j["leader"].get<std::string>() != leader)
-        co_return problem(400, "bad-leader", "Bad request", "the " + cfg.leader_header + " header and the body's leader disagree");
-      leader = j["leader"].get<std::string>();
-    }
-  }
-  if (g == 0)
-    co_return problem(428, "token-required", "Fencing token required",
-                      "give the generation in the " + cfg.token_header + " header or as {\"generation\": N}");
-  if (leader.size() > cfg.max_leader_bytes) co_return problem(400, "bad-leader", "Bad request", "leader is too long");
-  // As in a Fencing-Leader header: no control characters (it is shown in logs and audit rows).
-  if (std::any_of(leader.begin(), leader.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
-    co_return problem(400, "bad-leader", "Bad request", "leader must not contain control characters");
+  if (std::optional<Reply> refused = read_barrier(h, body, cfg, &g, &leader)) co_return std::move(*refused);
 
   // A barrier on a name no fencing route makes (a typo, the wrong case, an `off` route's resource)
   // would protect nothing while the caller believes it fenced the real resource.
-  const std::string mode = mode_of(cfg, resource);
-  if (mode != "enforce" && mode != "observe")
+  bool off = false;
+  const config::Route* owner = route_owning(cfg, resource, &off);
+  if (!owner)
     co_return problem(404, "unfenced-resource", "Not a fenced resource",
                       "no enforce or observe route makes resource \"" + resource + "\" (" +
-                          (mode == "off" ? "its route is off" : "no route names it") +
-                          "): a barrier on it would protect nothing",
+                          (off ? "its route is off" : "no route names it") + "): a barrier on it would protect nothing",
                       {{"resource", resource}});
-  const bool observe_mode = mode == "observe";
-
+  PresentedToken token;
+  token.state = TokenState::ok;
+  token.generation = g;
+  token.leader = leader;
+  boost::system::error_code ig;
+  auto ep = sock_.remote_endpoint(ig);
+  const std::string client = ig ? std::string() : ep.address().to_string();
+  AdmissionInput in;
+  in.kind = AdmissionKind::barrier;
+  in.mode = owner->mode;
+  in.resource = &resource;
+  in.token = &token;
+  in.request = &h;  // a POST (route() takes no other here)
+  in.client = client;
+  in.token_header = cfg.token_header;
   // A resource bound to an election authority only advances to its current leader's generation:
-  // the barrier must not become a way around the authority (a forged or stale token).
-  if (rt.authorities) {
-    // A route that names this resource literally owns it (it may sit beside a template route
-    // of another election that takes every other tenant): then its authority alone decides.
-    const config::Route* owner = nullptr;
-    for (const auto& route : cfg.routes)
-      if (route.mode != config::Mode::off && route.resource == resource) {
-        owner = &route;
-        break;
-      }
-    for (const auto& route : cfg.routes) {
-      if (owner && &route != owner) continue;
-      Authority* au = rt.authorities->for_route(route);
-      if (!au || !resource_matches_template(route.resource, resource)) continue;
-      AuthorityCheck ac = au->check(g);
-      if (ac.verdict == AuthorityVerdict::not_leader || ac.verdict == AuthorityVerdict::unknown_generation)
-        ac = co_await net::co_spawn(admin_.confirms, confirm_on_thread(au, g), use_awaitable);  // asks etcd
-      if (ac.verdict == AuthorityVerdict::leader) continue;
-      json ctx = {{"resource", resource}, {"presented_generation", g}, {"current_generation", ac.leader}};
-      if (ac.verdict == AuthorityVerdict::unavailable)
-        co_return problem(503, "authority-unavailable", "Election authority unavailable", ac.why, ctx);
-      log::warn("rejected fence", {log::kv("resource", resource), log::kv("presented_generation", g),
-                                   log::kv("decision", to_string(ac.verdict)), log::kv("leader", leader)});
-      co_return problem(409, ac.verdict == AuthorityVerdict::stale ? "stale-generation"
-                             : ac.verdict == AuthorityVerdict::not_leader ? "not-leader" : "unknown-generation",
-                        "Not the election's current leader",
-                        "generation " + std::to_string(g) + " is not the current leader's of election " +
-                            route.authority->election,
-                        ctx);
-    }
+  // the barrier must not become a way around the authority (a forged or stale token). A refusal
+  // the watch may not have caught up with yet is confirmed with etcd first (on its own thread).
+  AuthorityCheck ac;
+  if (Authority* au = rt.authorities ? rt.authorities->for_route(*owner) : nullptr) {
+    ac = au->check(g);
+    if (ac.verdict == AuthorityVerdict::not_leader || ac.verdict == AuthorityVerdict::unknown_generation)
+      ac = co_await net::co_spawn(admin_.confirms, confirm_on_thread(au, g), use_awaitable);  // asks etcd
+    in.authority = &ac;
+    in.election = owner->authority->election;
   }
-
-  // Advance exactly as a write would, then let go: in enforce mode drain older in-flight writes
-  // and commit durably; in observe mode commit durably without draining (observe mode stops and
-  // waits for nothing: its writes keep coming, and a barrier waiting for them would never end).
-  struct Wait {
-    explicit Wait(net::io_context& ioc) : timer(ioc, net::steady_timer::time_point::max()) {}
-    net::steady_timer timer;
-    std::optional<Decision> d;
-  };
-  auto w = std::make_shared<Wait>(admin_.ioc);
-  net::io_context& ioc = admin_.ioc;
+  Admission a = decide_admission(in, rt.fence);
   InflightNode node;
   Decision d;
-  auto deliver = [w, &ioc](Decision dd) {
-    net::post(ioc, [w, dd] {
-      w->d = dd;
-      w->timer.cancel();
-    });
-  };
-  bool now = observe_mode ? rt.fence.observe(resource, g, leader, &d, deliver)
-                          : rt.fence.admit(resource, g, leader, &node, &d, deliver);
-  if (!now) {
-    while (!w->d) {
-      boost::system::error_code ec;
-      co_await w->timer.async_wait(net::redirect_error(use_awaitable, ec));
-    }
-    d = *w->d;
+  if (a.step == AdmissionStep::ask_fence) {
+    d = co_await advance(resource, g, leader, owner->mode == config::Mode::observe ? nullptr : &node);
+    in.fence = &d;
+    a = decide_admission(in, rt.fence);
   }
-  if (observe_mode && d.verdict == Verdict::admit && d.observe_stale) d.verdict = Verdict::stale;
-  if (d.verdict == Verdict::admit) {
-    if (!observe_mode) rt.fence.release(&node);
+  if (a.step == AdmissionStep::forward) {
+    rt.fence.release(&node);  // (a no-op in observe mode: nothing was linked)
     log::info("fenced", {log::kv("resource", resource), log::kv("generation", d.current), log::kv("leader", leader)});
     Reply ok = json_reply(200, {{"resource", resource}, {"generation", d.current}, {"leader", leader}});
     ok.extra_headers = "Fencing-Generation: " + std::to_string(d.current) + "\r\n";
     co_return ok;
   }
-  if (d.verdict == Verdict::stale) {
-    store::AuditRow row;
-    row.resource = resource;
-    row.decision = "rejected_stale";
-    row.presented_generation = g;
-    row.current_generation = d.newest;
-    row.method = "POST";
-    row.target = clipped(h.target, 2048);
-    row.user_agent = clipped(h.user_agent(), 512);
-    boost::system::error_code ig;
-    auto ep = sock_.remote_endpoint(ig);
-    row.client = ig ? std::string() : ep.address().to_string();
-    row.leader = leader;
-    row.mode = observe_mode ? "observe" : "enforce";
-    auto aw = std::make_shared<Wait>(admin_.ioc);
-    auto st = std::make_shared<store::Status>(store::Status::OK());
-    rt.store.append_audit(std::move(row), [aw, st, &ioc](store::Status s) {
-      net::post(ioc, [aw, st, s] {
-        *st = s;
-        aw->d = Decision{};
-        aw->timer.cancel();
-      });
-    });
-    while (!aw->d) {
-      boost::system::error_code ec;
-      co_await aw->timer.async_wait(net::redirect_error(use_awaitable, ec));
-    }
-    rt.metrics.count(resource, st->ok() ? Outcome::rejected_stale : Outcome::store_error);
-    log::warn("rejected fence", {log::kv("resource", resource), log::kv("presented_generation", g),
-                                 log::kv("current_generation", d.newest), log::kv("leader", leader)});
-    if (!st->ok())
-      co_return problem(503, "store-unavailable", "Fence store unavailable", "the audit row could not be made durable",
-                        {{"resource", resource}, {"presented_generation", g}, {"current_generation", d.newest}});
-    Reply stale = problem(409, "stale-generation", "Stale fencing token",
-                          "generation " + std::to_string(g) + " is older than generation " + std::to_string(d.newest),
-                          {{"resource", resource}, {"presented_generation", g}, {"current_generation", d.newest}});
-    stale.extra_headers = "Fencing-Generation: " + std::to_string(d.newest) + "\r\n";
-    co_return stale;
+  // Refused. A stale barrier is audited durably before it is answered, as a stale write is.
+  if (a.audit && a.audit_durable) {
+    store::Status st = co_await audit_sync(std::move(*a.audit));
+    if (!st.ok()) audit_failed(a, st);
   }
-  if (d.verdict == Verdict::overloaded) {
-    rt.metrics.count(resource, Outcome::too_many_resources);
+  if (a.audit_durable || a.outcome == Outcome::too_many_resources) rt.metrics.count(resource, *a.outcome);
+  if (in.fence && a.outcome == Outcome::too_many_resources)
     log::warn("rejected fence: the fence holds max_resources resources",
               {log::kv("resource", resource), log::kv("max_resources", cfg.max_resources)});
-    co_return problem(503, "too-many-resources", "Too many resources", "the fence holds its maximum number of resources");
-  }
-  co_return problem(503, "store-unavailable", "Fence store unavailable",
-                    "the new generation could not be made durable",
-                    {{"resource", resource}, {"presented_generation", g}, {"current_generation", d.current}});
+  else if (in.fence && a.audit_durable)
+    log::warn("rejected fence", {log::kv("resource", resource), log::kv("presented_generation", g),
+                                 log::kv("current_generation", a.current), log::kv("leader", leader)});
+  else if (!in.fence && ac.verdict != AuthorityVerdict::unavailable)
+    log::warn("rejected fence", {log::kv("resource", resource), log::kv("presented_generation", g),
+                                 log::kv("decision", to_string(ac.verdict)), log::kv("leader", leader)});
+  Reply refused = problem(a.refusal);
+  if (in.fence && a.refusal.status == 409)
+    refused.extra_headers = "Fencing-Generation: " + std::to_string(*a.generation) + "\r\n";
+  co_return refused;
 }
 
-bool parse_int_param(const std::map<std::string, std::string>& q, const char* key, std::int64_t lo, std::int64_t hi,
-                     std::int64_t* out, std::string* err) {
-  auto it = q.find(key);
-  if (it == q.end() || it->second.empty()) return true;
-  // Digits only, as the CLI flags take them: no sign, no whitespace (stoll would skip both).
-  const std::string& t = it->second;
-  std::int64_t v = 0;
-  auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-  if (t.front() < '0' || t.front() > '9' || ec != std::errc() || end != t.data() + t.size() || v < lo || v > hi) {
-    *err = std::string(key) + ": must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi);
-    return false;
-  }
-  *out = v;
-  return true;
+// Advances the fence exactly as a write would, then lets go (the caller releases `node`): in
+// enforce mode (node given) drains older in-flight writes and commits durably; in observe mode
+// commits durably without draining (observe mode stops and waits for nothing: its writes keep
+// coming, and a barrier waiting for them would never end).
+awaitable<Decision> AdminSession::advance(const std::string& resource, std::int64_t g, const std::string& leader,
+                                          InflightNode* node) {
+  Runtime& rt = admin_.rt;
+  auto result = std::make_shared<PostedResult<Decision>>(admin_.ioc);
+  auto deliver = [result](Decision dd) { PostedResult<Decision>::deliver(result, dd); };
+  Decision d;
+  const bool now = node ? rt.fence.admit(resource, g, leader, node, &d, deliver)
+                        : rt.fence.observe(resource, g, leader, &d, deliver);
+  if (now) co_return d;
+  co_return co_await result->wait();
 }
 
-bool parse_time_param(const std::map<std::string, std::string>& q, const char* key, std::int64_t* out, std::string* err) {
-  auto it = q.find(key);
-  if (it == q.end() || it->second.empty()) return true;
-  if (!parse_time_arg(it->second, now_unix_ms(), out)) {
-    *err = std::string(key) + ": expected RFC 3339 (2026-11-29T10:00:00Z), relative (-1h) or unix milliseconds";
-    // In a query string '+' means a space: an offset like +02:00 must be written %2B02:00.
-    if (it->second.find(' ') != std::string::npos) *err += " (a '+' in a query string is a space: write %2B)";
-    return false;
-  }
-  return true;
-}
-
-std::string param(const std::map<std::string, std::string>& q, const char* key) {
-  auto it = q.find(key);
-  return it == q.end() ? std::string() : it->second;
+// Appends an audit row and waits until it is durable (or failed).
+awaitable<store::Status> AdminSession::audit_sync(store::AuditRow row) {
+  auto result = std::make_shared<PostedResult<store::Status>>(admin_.ioc);
+  admin_.rt.store.append_audit(std::move(row),
+                               [result](store::Status st) { PostedResult<store::Status>::deliver(result, st); });
+  co_return co_await result->wait();
 }
 
 Reply AdminSession::audit(const std::map<std::string, std::string>& q) {
@@ -928,26 +856,11 @@ Reply AdminSession::unfenced(const std::map<std::string, std::string>& q) {
 
 std::unique_ptr<AdminServer> AdminServer::start(Runtime& rt, const config::Endpoint& listen, std::string* error) {
   auto a = std::make_unique<Admin>(rt);
-  boost::system::error_code ec;
-  std::string host = listen.host;
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  tcp::resolver resolver(a->ioc);
-  auto results = resolver.resolve(host, std::to_string(listen.port), ec);
-  if (ec || results.empty()) {
-    *error = "cannot resolve " + listen.to_string() + ": " + ec.message();
+  if (ListenError le; !open_listener(a->acceptor, listen, &le)) {
+    *error = (le.resolving ? "cannot resolve " : "cannot listen on ") + listen.to_string() + ": " + le.message;
     return nullptr;
   }
-  tcp::endpoint ep = results.begin()->endpoint();
-  a->acceptor.open(ep.protocol(), ec);
-  if (!ec) a->acceptor.set_option(net::socket_base::reuse_address(true), ec);
-  if (!ec) a->acceptor.bind(ep, ec);
-  if (!ec) a->acceptor.listen(net::socket_base::max_listen_connections, ec);
-  if (ec) {
-    *error = "cannot listen on " + listen.to_string() + ": " + ec.message();
-    return nullptr;
-  }
-  auto bound = a->acceptor.local_endpoint(ec);
-  log::info("admin listening", {log::kv("address", (bound.address().is_v6() ? "[" + bound.address().to_string() + "]" : bound.address().to_string()) + ":" + std::to_string(bound.port())),
+  log::info("admin listening", {log::kv("address", bound_address(a->acceptor)),
                                 log::kv("auth", rt.snapshot()->cfg->admin.token.empty() ? "none (loopback)" : "bearer")});
   Admin* raw = a.get();
   net::co_spawn(a->ioc, raw->accept_loop(), net::detached);

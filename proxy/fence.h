@@ -1,6 +1,6 @@
 // Fence: the per-resource admission decision, in memory, backed by the durable Store.
 //
-// Invariants, per resource r (see shared DESIGN.md):
+// Invariants, per resource r (see docs/DESIGN.md):
 //   stored(r)  durable generation; never decreases.
 //   seen(r)    highest generation presented in enforce mode (>= stored); seen > stored while an
 //              advance is under way (or after one failed).

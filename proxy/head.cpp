@@ -281,9 +281,16 @@ bool valid_host(std::string_view v) {
   }
   if (i == v.size()) return true;
   if (v[i] != ':') return false;
-  for (char c : v.substr(i + 1))
+  // port = *DIGIT (RFC 3986 3.2.3): empty is allowed; a port given must name one, 1..65535.
+  const std::string_view port = v.substr(i + 1);
+  if (port.empty()) return true;
+  unsigned value = 0;
+  for (char c : port) {
     if (c < '0' || c > '9') return false;
-  return v.size() - i - 1 <= 5;
+    value = value * 10 + static_cast<unsigned>(c - '0');
+    if (value > 65535) return false;
+  }
+  return value >= 1;
 }
 
 }  // namespace

@@ -6,7 +6,7 @@
 
 #include "fence_store/store.h"
 #include "proxy/fence.h"
-#include "proxy/log.h"
+#include "common/log.h"
 #include "proxy/metrics.h"
 
 namespace fencegate::proxy {

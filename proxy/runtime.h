@@ -15,7 +15,7 @@
 
 #include "config/config.h"
 #include "config/router.h"
-#include "proxy/log.h"
+#include "common/log.h"
 
 namespace fencegate::store {
 class Store;

@@ -111,6 +111,32 @@ TEST_CASE("framing: ambiguous or malformed requests get 400, the connection is c
   check_only_control_reached(px, up);
 }
 
+TEST_CASE("framing: a Host whose port is not a number in 1..65535 gets 400, nothing forwarded") {
+  RecordingUpstream up;
+  Proxy px(spec_for(up));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  for (const char* host : {"127.0.0.1:0", "127.0.0.1:99999", "127.0.0.1:65536", "[::1]:0", "127.0.0.1:8o"}) {
+    CAPTURE(host);
+    HttpClient client;
+    auto r = send_raw(client, px.port(),
+                      std::string("POST /x HTTP/1.1\r\nHost: ") + host + "\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n",
+                      10s);
+    INFO(describe(r));
+    CHECK(r.ok());
+    CHECK(r.code() == 400);
+    CHECK(up.count() == 0);
+  }
+  // An empty port after ':' is allowed (RFC 3986 3.2.3), as are ports in range.
+  HttpClient client;
+  auto ok = send_raw(client, px.port(),
+                     "POST /y HTTP/1.1\r\nHost: 127.0.0.1:\r\nFencing-Token: 1\r\nContent-Length: 0\r\n\r\n", 10s);
+  INFO(describe(ok));
+  CHECK(ok.code() == 200);
+  auto in_range = request(px.port(), "POST", "/z", token(1));
+  CHECK(is_2xx(in_range));
+}
+
 TEST_CASE("framing: a bad request on a keep-alive connection stops that connection") {
   RecordingUpstream up;
   Proxy px(spec_for(up));

@@ -84,7 +84,7 @@ class ManualStore final : public Store {
     return queue_.size();
   }
 
-  void inject_commit_failure(bool on) override {
+  void inject_commit_failure(bool on) {
     std::lock_guard lk(mu_);
     fail_ = on;
   }

@@ -283,6 +283,20 @@ TEST_CASE("check_framing: Host values that are host[:port] are accepted") {
   CHECK(framing_of("GET / HTTP/1.0\r\n\r\n").ok);  // HTTP/1.0 may omit it
 }
 
+TEST_CASE("check_framing: a Host port must be a number in 1..65535") {
+  for (const char* host : {"a:1", "a:80", "a:65535", "a:00080", "[::1]:65535", "a:"}) {
+    CAPTURE(host);
+    CHECK(framing_of(std::string("GET / HTTP/1.1\r\nHost: ") + host + "\r\n\r\n").ok);
+  }
+  for (const char* host : {"a:0", "a:00000", "a:65536", "a:99999", "[::1]:0", "[::1]:99999", "a:-1", "a:+80",
+                           "a:8o", "127.0.0.1:0"}) {
+    CAPTURE(host);
+    const Framing f = framing_of(std::string("GET / HTTP/1.1\r\nHost: ") + host + "\r\n\r\n");
+    CHECK_FALSE(f.ok);
+    CHECK(f.reason.find("Host") != std::string::npos);
+  }
+}
+
 TEST_CASE("check_framing: refused framings") {
   const char* bad[] = {
       // CL and TE together, in either order

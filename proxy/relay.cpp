@@ -1,0 +1,854 @@
+// Forwarding: an upstream connection (pooled or new), the request head and body sent upstream
+// (send_request, watching for an early answer), the response relayed back, and the lingering of a
+// fenced write whose exchange failed while the upstream may still apply it.
+//
+// The relay is our own, on plain Asio sockets: request heads come from the strict scanner in
+// proxy/head.h, bodies are framed by Content-Length or by proxy/framing.h's chunk decoder, and
+// every message that goes out (upstream or to the client) gets a head built here, so nothing
+// passes through that this file did not parse. Per request in the common case that is one read
+// from the client, one gather write upstream, one read of the response, one gather write back;
+// the writes of one event-loop pass go out together, in one io_uring submission where the
+// kernel allows it (Worker::flush_sends).
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "proxy/session.h"
+
+namespace fencegate::proxy {
+
+namespace {
+
+// A fenced write the upstream has, whole or in part, but whose exchange failed on our side (the
+// upstream did not answer in time; the client's body stalled, broke off or was malformed; the
+// upstream stopped reading it) may still be applied there: closing our socket cannot undo it, and
+// an upstream that applies a body as it reads it is still working on what it has. Its client has
+// its 504/408/400/413, but the write stays in flight for the fence (a newer generation's write or
+// barrier waits for it, as for any older write) until the upstream answers or closes, or a newer
+// generation's drain timeout aborts it (counted as a drain abort), or `cap` passes while no newer
+// generation waits for it. An incomplete request is ended with a half-close first, so the upstream
+// reads EOF where the body breaks off and can finish. Without this, the failure would let a newer
+// generation through while the older write could still land after it. It counts as a request in
+// flight, so a graceful stop waits for it (up to the stop deadline).
+struct LingerCap {
+  explicit LingerCap(const Executor& e, std::chrono::milliseconds c) : timer(e), cap(c) {}
+  Timer timer;
+  std::chrono::milliseconds cap;
+  bool capped = false;
+};
+// Owns what it touches: an expiry already queued runs even after cancel() and the linger's frame.
+void arm_linger_cap(std::shared_ptr<Exchange> ex, std::shared_ptr<LingerCap> c) {
+  c->timer.expires_after(c->cap);
+  c->timer.async_wait([ex, c](boost::system::error_code e) {
+    if (e || !ex->up) return;
+    // A newer generation waiting for this write: its own drain timeout decides (and aborts it).
+    if (ex->fence.holds_advance(&ex->node)) return arm_linger_cap(ex, c);
+    c->capped = true;
+    boost::system::error_code ignored;
+    ex->up->sock.close(ignored);
+  });
+}
+
+task<void> linger_after_failure(std::shared_ptr<Exchange> ex, std::chrono::milliseconds cap,
+                                std::atomic<std::size_t>& active, const char* why, bool incomplete) {
+  UpConn& up = *ex->up;
+  const auto started = Clock::now();
+  if (incomplete) {
+    boost::system::error_code ignored;
+    up.sock.shutdown(tcp::socket::shutdown_send, ignored);
+  }
+  active.fetch_add(1, std::memory_order_relaxed);
+  auto limit = std::make_shared<LingerCap>(up.sock.get_executor(), cap);
+  arm_linger_cap(ex, limit);
+  const char* how = "closed";
+  for (;;) {
+    if (!up.buf.empty()) {
+      ResponseHead rh;
+      HeadScan s = scan_response_head(up.buf.view(), kMaxResponseHeader, &rh);
+      if (s.status == HeadStatus::complete && rh.status >= 100 && rh.status < 200 && rh.status != 101) {
+        up.buf.consume(s.length);  // still working (102, 103): wait for its final answer
+        continue;
+      }
+      if (s.status != HeadStatus::incomplete) {
+        how = "answered";
+        break;
+      }
+    }
+    if (ex->aborted || limit->capped || !up.sock.is_open()) break;
+    boost::system::error_code ec;
+    std::size_t n = co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+    up.buf.commit(n);
+    if (ec) break;
+  }
+  limit->timer.cancel();
+  if (ex->aborted) how = "aborted by a newer generation's drain";
+  else if (limit->capped) how = "not answered within the drain timeout";
+  log::warn("the write whose exchange failed is no longer in flight",
+            {log::kv("failure", why), log::kv("how", how),
+             log::kv("ms", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started).count())});
+  boost::system::error_code ignored;
+  up.sock.close(ignored);
+  ex->release();
+  active.fetch_sub(1, std::memory_order_relaxed);
+}
+
+// A bodiless GET, HEAD or OPTIONS that the route does not count as a write (write_methods may
+// name GET): safe to send again (RFC 9110 9.2.1, RFC 9112 9.3.1).
+bool safe_to_send_again(const RequestHead& head, const RequestState& rq) {
+  const Framing& fr = rq.framing;
+  return (head.method == "GET" || head.method == "HEAD" || head.method == "OPTIONS") &&
+         !rq.match.route->is_fenced(head.method) && !fr.chunked && fr.content_length.value_or(0) == 0 &&
+         !rq.expect_continue;
+}
+
+}  // namespace
+
+// The first read of an upstream answer for a request that already waited on another thread
+// (Worker::PromptRead). Ends like async_read_some: bytes read, or *ec (the watchdog's
+// cancellation shows up in timed_out_).
+task<std::size_t> Session::read_promptly(UpConn& up, boost::system::error_code& ec) {
+  ec.clear();
+  auto p = std::make_shared<Worker::PromptRead>();
+  p->sock = &up.sock;
+  p->reactor_pending = true;
+  Worker& w = w_;
+  up.sock.async_wait(Socket::wait_read, [p, &w](boost::system::error_code) {
+    p->reactor_pending = false;
+    w.prompt_ready(p);
+  });
+  w.prompt.push_back(p);
+  // Only plain pointers in a lambda inside co_await: with a shared_ptr captured there, GCC 12's
+  // code released it once too often (ASan: the PromptRead was used after being freed).
+  co_await net::async_initiate<const net::use_awaitable_t<Executor>&, void()>(
+      [pr = p.get(), &w](auto handler) {
+        pr->waiter = w.suspend(std::move(handler));
+        pr->waiting = true;
+      },
+      use_task);
+  if (p->reactor_pending) {  // resumed by the poll: the reactor's wait goes (its handler is a no-op)
+    boost::system::error_code ignored;
+    up.sock.cancel(ignored);
+  }
+  if (timed_out_) {
+    ec = net::error::operation_aborted;
+    co_return 0;
+  }
+  const auto b = up.buf.prepare(kRelayBuffer);
+  ssize_t n;
+  do n = ::recv(up.sock.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n > 0) co_return static_cast<std::size_t>(n);
+  if (n == 0) {
+    ec = net::error::eof;
+    co_return 0;
+  }
+  if (errno != EAGAIN && errno != EWOULDBLOCK) {
+    ec.assign(errno, boost::system::system_category());
+    co_return 0;
+  }
+  co_return co_await up.sock.async_read_some(b, net::redirect_error(use_task, ec));  // woken early
+}
+
+template <class Buffers>
+task<bool> Session::send_soon(Socket& s, Buffers& bufs, boost::system::error_code& ec) {
+  if (!cfg().io_uring || !w_.batching()) co_return send_now(s, bufs, ec);
+  ec.clear();
+  Worker::QueuedSend q;
+  std::size_t total = 0;
+  const std::size_t n = to_iov(bufs, q.iov, &total);
+  if (n > q.iov.size()) co_return false;  // more pieces than one call takes: all through Asio
+  if (total == 0) co_return true;
+  q.sock = &s;
+  q.msg.msg_iov = q.iov.data();
+  q.msg.msg_iovlen = n;
+  // Only plain pointers in the lambda (see read_promptly).
+  Worker* w = &w_;
+  Worker::QueuedSend* qp = &q;
+  const bool timed_out_before = timed_out_;
+  co_await net::async_initiate<const net::use_awaitable_t<Executor>&, void()>(
+      [w, qp](auto handler) { w->queue_send(qp, std::move(handler)); }, use_task);
+  // A send the ring took before it failed may be out: taken as sent, so that nothing is sent
+  // twice and an upstream write counts as in flight until it is answered or times out (then it
+  // lingers: the fence waits for it), as a write that went.
+  const long r = q.result == SendRing::kUnknown ? static_cast<long>(total) : q.result;
+  const bool all = sent_all(bufs, total, r, ec);
+  // The watchdog's cancellation cannot reach a send waiting for the flush. A deadline that
+  // passed meanwhile ends what is left to send, as it would have ended a write in progress
+  // (settle() reports it as timed_out); the write that would follow has no deadline any more.
+  if (!all && !ec && timed_out_ && !timed_out_before) ec = net::error::operation_aborted;
+  co_return all;
+}
+
+// Sends request bytes upstream; `bufs` is advanced past what went. A send that cannot go at
+// once waits for room while watching the upstream, since a server may answer before it has read
+// the whole request (an early 413 or 401) and then stop reading, or close: returns true iff it
+// answered so (answered_early), and the rest of the request is then not sent. *ec: how the send
+// went (a watchdog cancellation shows up in timed_out_).
+template <class Buffers>
+task<bool> Session::send_request(UpConn& up, Buffers& bufs, boost::system::error_code& ec) {
+  for (;;) {
+    if (co_await send_soon(up.sock, bufs, ec)) co_return false;
+    // A reset after an answer leaves the answer readable; with nothing there, the send failed.
+    if (ec) co_return answered_early(up) && !up.buf.empty();
+    if (up.duplex) {  // its answer is under way and it still reads: just send
+      co_await net::async_write(up.sock, bufs, net::redirect_error(use_task, ec));
+      co_return false;
+    }
+    struct Watch {
+      bool fired = false;  // the upstream became readable while the write waited
+      bool over = false;   // the write has ended
+    };
+    auto watch = std::make_shared<Watch>();
+    Socket* sock = &up.sock;
+    up.sock.async_wait(Socket::wait_read, [watch, sock](boost::system::error_code e) {
+      if (e || watch->over) return;
+      watch->fired = true;
+      boost::system::error_code ignored;
+      sock->cancel(ignored);  // ends the blocked write
+    });
+    std::size_t n = co_await net::async_write(up.sock, bufs, net::redirect_error(use_task, ec));
+    watch->over = true;
+    if (!watch->fired) {
+      boost::system::error_code ignored;
+      up.sock.cancel(ignored);  // ends the wait (its handler does nothing now)
+      co_return ec && !timed_out_ && answered_early(up) && !up.buf.empty();
+    }
+    if (timed_out_) co_return false;
+    advance(bufs, n);
+    if (answered_early(up)) {
+      ec.clear();
+      co_return true;
+    }
+    ec.clear();  // only an interim answer, or part of a head: send on
+  }
+}
+
+// Reads what the upstream sent while the request was still going out. True iff that is the start
+// of a refusal (a final response head of 4xx/5xx, something that is not a response head, which
+// the response path refuses, or a close); a complete interim 1xx answer is dropped and does not
+// count. A 2xx/3xx head is an upstream that streams its answer while it reads: the request goes
+// on (up.duplex), and the head waits in up.buf for the response path.
+bool Session::answered_early(UpConn& up) {
+  bool closed = false;
+  for (;;) {
+    while (!up.buf.empty()) {
+      HeadScan s = scan_response_head(up.buf.view(), kMaxResponseHeader, &sc_->resp);
+      if (s.status == HeadStatus::complete && sc_->resp.status >= 100 && sc_->resp.status < 200 &&
+          sc_->resp.status != 101) {
+        up.buf.consume(s.length);
+        continue;
+      }
+      if (s.status == HeadStatus::complete && sc_->resp.status >= 200 && sc_->resp.status < 400) {
+        up.duplex = true;
+        return false;
+      }
+      if (s.status != HeadStatus::incomplete) return true;
+      break;
+    }
+    if (closed) return true;
+    const auto b = up.buf.prepare(kRelayBuffer);
+    ssize_t n;
+    do n = ::recv(up.sock.native_handle(), b.data(), b.size(), MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) {
+      up.buf.commit(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;  // nothing (more) yet
+    closed = true;  // EOF or reset: whatever came before it is the answer
+  }
+}
+
+std::unique_ptr<UpConn> Session::pooled_upstream(const config::Route& route) {
+  auto& pool = w_.pool(route.upstream);
+  while (!pool.empty()) {
+    auto c = std::move(pool.back());
+    pool.pop_back();
+    // Every time, however short its idle time: bytes the upstream sent after its last response
+    // (a body after a HEAD or 204 answer, data past Content-Length or the last chunk, in a write
+    // of their own) would otherwise be read as the answer to this request: one client's
+    // response reaching another. And a close sent meanwhile would fail this request with a 502
+    // rather than reach the upstream. One non-blocking peek (an EAGAIN, ~0.3 us) per reuse.
+    if (c->buf.empty() && still_open(c->sock)) return c;
+  }
+  return nullptr;
+}
+
+task<std::unique_ptr<UpConn>> Session::connect_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
+                                                        boost::system::error_code& ec) {
+  ex->up = std::make_unique<UpConn>(w_.ioc);  // visible to a drain abort while connecting
+  std::vector<tcp::endpoint> endpoints;
+  for (const auto& a : snap_->upstreams[snap_->route_index(&route)]) {
+    boost::system::error_code aec;
+    auto addr = net::ip::make_address(a.ip, aec);
+    if (!aec) endpoints.emplace_back(addr, a.port);
+  }
+  waiting_up_ = ex->up.get();
+  arm(cfg().upstream_connect_timeout);
+  co_await net::async_connect(ex->up->sock, endpoints, net::redirect_error(use_task, ec));
+  disarm();
+  waiting_up_ = nullptr;
+  if (timed_out_) ec = net::error::timed_out;
+  std::unique_ptr<UpConn> c = std::move(ex->up);
+  if (!ec) set_nodelay(c->sock);
+  co_return c;
+}
+
+void Session::give_back(const config::Route& route, std::unique_ptr<UpConn> c) {
+  // upstream_idle_per_thread connections are kept; during a burst up to kPoolBurst more are,
+  // for kPoolBurstIdle each (the watchdog closes them): a burst of concurrent exchanges larger
+  // than the pool would otherwise close and reconnect upstream connections on every request.
+  const std::size_t keep = cfg().upstream_idle_per_thread;
+  if (keep == 0) return;
+  w_.pool_keep = keep;
+  auto& pool = w_.pool(route.upstream);
+  if (pool.size() >= keep + kPoolBurst) return;
+  c->idle_since = Clock::now();
+  pool.push_back(std::move(c));
+}
+
+// Forwards one admitted request and relays its answer, in stages: the upstream head, an upstream
+// connection, the request (head and body), the response head, its framing, the client's head,
+// the response body. Returns whether the client connection goes on.
+task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex) {
+  const auto& cfg = this->cfg();
+  const RequestHead& head = sc_->head;
+  const Framing& fr = rq.framing;
+  const config::Route& route = *rq.match.route;
+  Forwarding fw{route, rq.match.resource, rq.fence, std::move(ex), head.version, head.method == "HEAD",
+                rq.client_keep_alive};
+  Exchange& x = *fw.ex;
+  boost::system::error_code ec;
+  timed_out_ = false;
+  count(fw.resource, Outcome::forwarded);
+  build_upstream_head(head, fr, route);
+  const bool safe_bodiless = safe_to_send_again(head, rq);
+  sc_->in.consume(rq.head_len);  // `head` is not used past this point
+
+  // Upstream connection.
+  std::unique_ptr<UpConn> conn = pooled_upstream(route);
+  const bool reused = conn != nullptr;
+  if (!conn) conn = co_await connect_upstream(route, fw.ex, ec);
+  if (ec || x.aborted) co_return co_await upstream_failed(fw, ec ? ec : net::error::operation_aborted, "connect");
+  x.up = std::move(conn);
+  UpConn& up = *x.up;
+  // A pooled connection the upstream closes just as it is reused (its keep-alive timeout: a race
+  // no peek can close) fails a request its application never saw. A bodiless GET, HEAD or
+  // OPTIONS is safe to send again (RFC 9110 9.2.1, RFC 9112 9.3.1): once, on a new connection,
+  // when nothing at all came back (retry_fresh). Anything with a body, writes above all, is not.
+  fw.may_retry = reused && safe_bodiless;
+  up.duplex = false;
+  waiting_up_ = &up;
+  if (rq.expect_continue) {
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    arm(cfg.body_timeout);
+    co_await net::async_write(client_, net::buffer(kContinue), net::redirect_error(use_task, ec));
+    if (settle(ec)) co_return false;
+  }
+
+  // Request: the head with the first body bytes in one write, then the rest as it arrives.
+  // An upstream may answer before it has the whole request (early): that answer is relayed, the
+  // rest of the body is not sent, and both connections close after it (the client's body is
+  // left unread).
+  // (Each co_await of a stage is a statement of its own: GCC 12 mishandles one inside a condition
+  // or a conditional expression.)
+  if (fr.chunked) {
+    const std::optional<bool> done = co_await send_chunked_body(fw);
+    if (done) co_return *done;
+  } else {
+    std::uint64_t left = fr.content_length.value_or(0);
+    std::size_t pre = static_cast<std::size_t>(std::min<std::uint64_t>(left, sc_->in.size()));
+    arm(cfg.upstream_timeout);
+    std::array<net::const_buffer, 2> b{net::buffer(sc_->out), net::buffer(sc_->in.view().data(), pre)};
+    fw.sent = true;
+    fw.early = co_await send_request(up, b, ec);
+    ec = settle(ec);
+    if (ec && !fw.early && co_await retry_fresh(fw, ec)) ec.clear();
+    if (ec && !fw.early) co_return co_await upstream_failed(fw, ec, "send");
+    sc_->in.consume(pre);
+    left -= pre;
+    while (left > 0 && !fw.early) {
+      ec = co_await read_client(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer)), cfg.body_timeout);
+      if (ec) co_return co_await client_body_failed(fw, nullptr, false);
+      std::size_t n = std::min<std::size_t>(sc_->in.size(), static_cast<std::size_t>(left));
+      arm(cfg.upstream_timeout);
+      std::array<net::const_buffer, 1> piece{net::buffer(sc_->in.view().data(), n)};
+      fw.sent = true;
+      fw.early = co_await send_request(up, piece, ec);
+      ec = settle(ec);
+      if (ec && !fw.early) co_return co_await upstream_failed(fw, ec, "send");
+      sc_->in.consume(n);
+      left -= n;
+    }
+  }
+
+  // Response head, after any interim 1xx answers.
+  ResponseHead& rh = sc_->resp;
+  for (;;) {
+    if (!up.buf.empty()) {
+      HeadScan s = scan_response_head(up.buf.view(), kMaxResponseHeader, &rh);
+      if (s.status == HeadStatus::complete) {
+        fw.rh_len = s.length;
+        if (rh.status < 100 || rh.status >= 200 || rh.status == 101) break;
+        if (!co_await relay_interim(fw)) co_return false;
+        continue;
+      }
+      if (s.status != HeadStatus::incomplete) {
+        const std::string why = s.status == HeadStatus::bad ? s.reason : "response head too large";
+        co_return co_await upstream_answer_refused(fw, "upstream " + route.upstream + ": malformed response: " + why,
+                                                   "upstream sent a bad response", why);
+      }
+    }
+    arm(cfg.upstream_timeout);
+    std::size_t got = prompt_ ? co_await read_promptly(up, ec)
+                              : co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+    prompt_ = false;
+    up.buf.commit(got);
+    ec = settle(ec);
+    if (ec && co_await retry_fresh(fw, ec)) continue;
+    if (ec) co_return co_await upstream_failed(fw, ec, "response");
+  }
+  if (rh.status == 101) co_return co_await upstream_answer_refused(fw, "the upstream switched protocols");
+  if (!frame_response(fw))
+    co_return co_await upstream_answer_refused(fw, "upstream " + route.upstream + ": invalid or conflicting Content-Length");
+  build_response_head(fw);
+
+  // Response body.
+  if (fw.body == ResponseBody::none) {
+    exchange_over(fw);
+    arm(cfg.body_timeout);
+    std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+    if (!co_await send_soon(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+    if (settle(ec)) co_return false;
+  } else if (fw.body == ResponseBody::length) {
+    const std::optional<bool> done = co_await relay_length_body(fw);
+    if (done) co_return *done;
+  } else {
+    const std::optional<bool> done = co_await relay_chunked_body(fw);
+    if (done) co_return *done;
+  }
+  waiting_up_ = nullptr;
+  x.release();
+  if (fw.up_reusable && !x.aborted && up.buf.empty()) give_back(route, std::move(x.up));
+  co_return fw.keep && !fw.client_gone;
+}
+
+// The upstream request head: hop-by-hop fields go (RFC 9110 7.6.1), X-Forwarded-For and
+// Forwarded get the client appended, framing is restated from what was validated. Into sc_->out.
+void Session::build_upstream_head(const RequestHead& head, const Framing& fr, const config::Route& route) {
+  std::string xff, fwd;
+  std::string& out = sc_->out;
+  out.clear();
+  append(out, head.method, std::string_view(" "), head.target, std::string_view(" HTTP/1.1\r\n"));
+  for (const auto& f : head.fields) {
+    switch (f.kind) {
+      case FieldKind::expect:
+      case FieldKind::content_length:
+      case FieldKind::transfer_encoding:
+      case FieldKind::framing_alias:  // refused by check_framing; never relayed
+        continue;
+      case FieldKind::x_forwarded_for:
+      case FieldKind::forwarded: {
+        if (named_by_connection(head, f.name)) continue;  // hop-by-hop by the client's word: ours alone go on
+        std::string& acc = f.kind == FieldKind::forwarded ? fwd : xff;
+        if (!acc.empty()) acc += ", ";
+        acc += f.value;
+        continue;
+      }
+      default:
+        if (is_hop_by_hop(f.kind) || named_by_connection(head, f.name)) continue;
+        append_field(out, f.name, f.value);
+    }
+  }
+  const std::string_view sep = ", ";
+  append(out, std::string_view("X-Forwarded-For: "), xff, xff.empty() ? std::string_view() : sep, client_ip_,
+         std::string_view("\r\nForwarded: "), fwd, fwd.empty() ? std::string_view() : sep,
+         std::string_view(client_v6_ ? "for=\"[" : "for="), client_ip_,
+         std::string_view(client_v6_ ? "]\"\r\n" : "\r\n"));
+  // An HTTP/1.0 request may come without Host, but it goes on as HTTP/1.1, which must have one
+  // (RFC 9112 3.2): the upstream's own authority, as a client addressing it directly would send.
+  if (!head.has(FieldKind::host)) append_field(out, "Host", upstream_authority(route.upstream));
+  if (fr.chunked) append(out, std::string_view("Transfer-Encoding: chunked\r\n"));
+  else if (fr.content_length) append_field(out, "Content-Length", Decimal(*fr.content_length));
+  append(out, std::string_view("\r\n"));
+}
+
+// A chunked request body: every batch of decoded chunk data goes upstream as one chunk of our own
+// framing (the head goes with the first). The request's result if it ended here.
+task<std::optional<bool>> Session::send_chunked_body(Forwarding& fw) {
+  UpConn& up = *fw.ex->up;
+  auto& gather = sc_->gather;
+  boost::system::error_code ec;
+  ChunkDecoder dec(cfg().max_body_bytes);
+  bool head_sent = false;
+  for (;;) {
+    const std::size_t size_slot = start_gather(gather, head_sent ? nullptr : &sc_->out);
+    std::size_t total = 0;
+    const std::size_t used = decode_into(dec, sc_->in.view(), gather, &total);
+    if (dec.failed()) co_return co_await client_body_failed(fw, dec.error(), dec.too_large());
+    frame_chunk(gather, size_slot, sc_->frame, total, dec.done());
+    if (!head_sent || total || dec.done()) {
+      arm(cfg().upstream_timeout);
+      fw.sent = true;
+      fw.early = co_await send_request(up, gather, ec);
+      ec = settle(ec);
+      if (ec && !fw.early) co_return co_await upstream_failed(fw, ec, "send");
+      head_sent = true;
+    }
+    sc_->in.consume(used);
+    if (dec.done() || fw.early) co_return std::nullopt;
+    if (sc_->in.empty()) {
+      ec = co_await read_client(kRelayBuffer, cfg().body_timeout);
+      if (ec) co_return co_await client_body_failed(fw, nullptr, false);
+    }
+  }
+}
+
+// An interim answer (1xx but 101) whose head is complete in the upstream buffer: 103 Early Hints
+// and 102 go on to HTTP/1.1 clients (RFC 9110 15.2); not 100 Continue: fencegate answers Expect
+// itself and never forwards it. False when the exchange ended here (the client went).
+task<bool> Session::relay_interim(Forwarding& fw) {
+  UpConn& up = *fw.ex->up;
+  const ResponseHead& rh = sc_->resp;
+  if (rh.status != 100 && fw.version == 11) {
+    std::string_view view = up.buf.view();
+    sc_->out.clear();
+    append(sc_->out, std::string_view("HTTP/1.1"), view.substr(8, view.find("\r\n") - 8), std::string_view("\r\n"));
+    for (const auto& f : rh.fields)
+      if (!is_hop_by_hop(f.kind) && !named_by_connection(rh, f.name)) append_field(sc_->out, f.name, f.value);
+    sc_->out += "\r\n";
+    if (!fw.client_gone) {
+      boost::system::error_code ec;
+      arm(cfg().body_timeout);
+      std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+      if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+      if (settle(ec) && !client_went(fw)) {
+        waiting_up_ = nullptr;
+        fw.ex->release();
+        co_return false;
+      }
+    }
+  }
+  up.buf.consume(fw.rh_len);
+  co_return true;
+}
+
+// The response's framing (RFC 9112 6.3), its reuse and the client connection's. False when its
+// Content-Length is invalid or conflicting (nothing is relayed then).
+bool Session::frame_response(Forwarding& fw) {
+  const ResponseHead& rh = sc_->resp;
+  std::string& te_value = sc_->te_value;
+  te_value.clear();
+  std::string_view cl;
+  std::size_t ncl = 0;
+  bool te_chunked = false, has_te = false;
+  for (const auto& f : rh.fields)
+    if (f.kind == FieldKind::transfer_encoding) {
+      has_te = true;
+      // "identity" (RFC 2616's no-op coding, gone from HTTP/1.1 since RFC 7230) is not a
+      // coding to pass on: a client would wait for a coding it cannot undo.
+      for_each_token(f.value, [&](std::string_view t) {
+        te_chunked = iequals(t, "chunked");  // of the last coding as sent (RFC 9112 6.3)
+        if (iequals(t, "identity")) return;
+        if (!te_value.empty()) te_value += ", ";
+        te_value += t;
+      });
+    } else if (f.kind == FieldKind::content_length && ncl++ == 0) {
+      cl = f.value;
+    }
+  bool cl_ok = ncl > 0;
+  if (ncl) {
+    for (const auto& f : rh.fields) {
+      if (f.kind != FieldKind::content_length) continue;
+      if (f.value != cl || cl.empty() || cl.size() > 19 || cl.find_first_not_of("0123456789") != std::string_view::npos)
+        cl_ok = false;
+    }
+    if (cl_ok) std::from_chars(cl.data(), cl.data() + cl.size(), fw.body_len);
+  }
+  fw.body = ResponseBody::until_close;
+  if (fw.head_req || rh.status == 204 || rh.status == 304) fw.body = ResponseBody::none;
+  else if (has_te) fw.body = te_chunked ? ResponseBody::chunked : ResponseBody::until_close;
+  else if (ncl && !cl_ok) return false;
+  else if (ncl) fw.body = ResponseBody::length;
+  fw.up_reusable = rh.version == 11;
+  for (const auto& f : rh.fields)
+    if (f.kind == FieldKind::connection)
+      for_each_token(f.value, [&](std::string_view t) {
+        if (iequals(t, "close")) fw.up_reusable = false;
+        else if (iequals(t, "keep-alive") && rh.version == 10) fw.up_reusable = true;
+      });
+  // Close-delimited, or framed both ways (RFC 9112 6.3: chunked wins, the connection closes after).
+  if (fw.body == ResponseBody::until_close || (fw.body == ResponseBody::chunked && rh.has(FieldKind::content_length)))
+    fw.up_reusable = false;
+  if (fw.early) fw.up_reusable = false;  // it has a partial request
+  fw.keep = fw.client_keep_alive && !fw.early && !rt_.stopping.load(std::memory_order_relaxed);
+  // A 1.0 client gets a body it can delimit only by the close.
+  const bool unframed = fw.body == ResponseBody::chunked || fw.body == ResponseBody::until_close;
+  fw.chunk_out = fw.version == 11 && unframed;
+  if (fw.version == 10 && unframed) fw.keep = false;
+  return true;
+}
+
+// The client's response head, into sc_->out; the upstream's head leaves its buffer.
+void Session::build_response_head(Forwarding& fw) {
+  UpConn& up = *fw.ex->up;
+  const ResponseHead& rh = sc_->resp;
+  const FenceHeaders& fence = fw.fence;
+  std::string& te_value = sc_->te_value;
+  std::string_view view = up.buf.view();
+  std::string_view status_line = view.substr(8, view.find("\r\n") - 8);  // " 200 OK"
+  sc_->out.clear();
+  append(sc_->out, std::string_view(fw.version == 10 ? "HTTP/1.0" : "HTTP/1.1"), status_line, std::string_view("\r\n"));
+  bool has_date = false;
+  for (const auto& f : rh.fields) {
+    const FieldKind k = f.kind;
+    has_date = has_date || (f.name.size() == 4 && iequals(f.name, "Date"));
+    if (is_hop_by_hop(k) || k == FieldKind::transfer_encoding) continue;
+    // A 204 has no content, so no Content-Length (RFC 9110 8.6): a client that believed one
+    // would wait for bytes that never come, or read the next response as them.
+    if (k == FieldKind::content_length && (fw.body != ResponseBody::none || rh.status == 204)) continue;
+    // A fenced request's fence headers are ours alone: an upstream's Fencing-Observe on an
+    // enforce route would tell the client its write was only observed.
+    if (fence.generation && (k == FieldKind::fencing_generation || k == FieldKind::fencing_observe)) continue;
+    if (named_by_connection(rh, f.name)) continue;
+    append_field(sc_->out, f.name, f.value);
+  }
+  // A response without a Date gets ours (RFC 9110 6.6.1: a recipient with a clock adds one).
+  if (!has_date) append_field(sc_->out, "Date", http_date());
+  if (fence.generation) append_field(sc_->out, "Fencing-Generation", Decimal(static_cast<std::uint64_t>(*fence.generation)));
+  if (!fence.observe.empty()) append_field(sc_->out, "Fencing-Observe", fence.observe);
+  if (fw.body == ResponseBody::length) append_field(sc_->out, "Content-Length", Decimal(fw.body_len));
+  // A close-delimited body under another coding (Transfer-Encoding: gzip) keeps its label, with
+  // our chunked framing last: without it the client would take gzip bytes for the content.
+  if (fw.chunk_out) {
+    if (fw.body == ResponseBody::until_close && !te_value.empty()) te_value += ", chunked";
+    append_field(sc_->out, "Transfer-Encoding",
+                 fw.body == ResponseBody::until_close && te_value.empty() ? std::string_view("chunked")
+                                                                          : std::string_view(te_value));
+  }
+  if (!fw.keep) sc_->out += "Connection: close\r\n";
+  else if (fw.version == 10) sc_->out += "Connection: keep-alive\r\n";
+  sc_->out += "\r\n";
+  up.buf.consume(fw.rh_len);
+}
+
+// A Content-Length response body, sent on with the client's head in front of its first bytes.
+// The request's result if it ended here; nullopt when the body was relayed whole.
+task<std::optional<bool>> Session::relay_length_body(Forwarding& fw) {
+  UpConn& up = *fw.ex->up;
+  boost::system::error_code ec;
+  std::uint64_t left = fw.body_len;
+  bool head_sent = false;
+  for (;;) {
+    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, up.buf.size()));
+    left -= n;
+    if (left == 0) exchange_over(fw);
+    std::array<net::const_buffer, 2> b{net::buffer(sc_->out.data(), head_sent ? 0 : sc_->out.size()),
+                                       net::buffer(up.buf.view().data(), n)};
+    if (!head_sent || n) {
+      if (!fw.client_gone) {
+        arm(cfg().body_timeout);
+        if (!co_await send_soon(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+        if (settle(ec) && !client_went(fw)) co_return false;
+      }
+      head_sent = true;
+    }
+    up.buf.consume(n);
+    if (left == 0) co_return std::nullopt;
+    arm(cfg().upstream_timeout);
+    std::size_t got = co_await up.sock.async_read_some(
+        up.buf.prepare(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer))),
+        net::redirect_error(use_task, ec));
+    up.buf.commit(got);
+    ec = settle(ec);
+    if (ec) co_return body_failed(fw, ec.message());
+  }
+}
+
+// A chunked or close-delimited response body: decoded (chunked) or taken as it comes, and sent on
+// in chunks of our own framing to an HTTP/1.1 client (raw to a 1.0 one, which reads to the close).
+// The request's result if it ended here; nullopt when the body was relayed whole.
+task<std::optional<bool>> Session::relay_chunked_body(Forwarding& fw) {
+  UpConn& up = *fw.ex->up;
+  auto& gather = sc_->gather;
+  const bool close_delimited = fw.body == ResponseBody::until_close;
+  boost::system::error_code ec;
+  ChunkDecoder dec;
+  bool eof = false, head_sent = false;
+  for (;;) {
+    const std::size_t size_slot = start_gather(gather, head_sent ? nullptr : &sc_->out);
+    std::string_view avail = up.buf.view();
+    std::size_t used = 0, total = 0;
+    if (close_delimited) {
+      if (!avail.empty()) gather.push_back(net::buffer(avail.data(), avail.size()));
+      used = total = avail.size();
+    } else {
+      used = decode_into(dec, avail, gather, &total);
+      // Nothing has reached the client yet: it gets a 502, not a cut connection.
+      if (dec.failed() && !head_sent) {
+        const std::string why = std::string("bad chunked framing: ") + dec.error();
+        co_return co_await upstream_answer_refused(fw, "upstream " + fw.route.upstream + ": " + why,
+                                                   "upstream response body failed", why);
+      }
+      if (dec.failed()) co_return body_failed(fw, std::string("bad chunked framing: ") + dec.error());
+    }
+    const bool done = close_delimited ? eof : dec.done();
+    if (done) exchange_over(fw);
+    if (fw.chunk_out) frame_chunk(gather, size_slot, sc_->frame, total, done);  // else the runs go raw
+    if (!head_sent || total || (done && fw.chunk_out)) {
+      if (!fw.client_gone) {
+        arm(cfg().body_timeout);
+        if (!co_await send_soon(client_, gather, ec) && !ec)
+          co_await net::async_write(client_, gather, net::redirect_error(use_task, ec));
+        if (settle(ec) && !client_went(fw)) co_return false;
+      }
+      head_sent = true;
+    }
+    up.buf.consume(used);
+    if (done) co_return std::nullopt;
+    if (up.buf.empty()) {
+      arm(cfg().upstream_timeout);
+      std::size_t got = co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+      up.buf.commit(got);
+      ec = settle(ec);
+      if (ec == net::error::eof && close_delimited) eof = true;
+      else if (ec) co_return body_failed(fw, ec.message());
+    }
+  }
+}
+
+// The exchange is over as far as the fence is concerned (its answer is whole upstream).
+void Session::exchange_over(Forwarding& fw) {
+  Exchange& x = *fw.ex;
+  if (x.node.resource || !x.aborted)
+    rt_.metrics.upstream_latency.observe(std::chrono::duration<double>(Clock::now() - fw.started).count());
+  x.release();
+}
+
+// True (and the exchange handed to linger_after_failure) when some of this fenced write went
+// to the upstream, which may still be applying it; otherwise the exchange is released.
+bool Session::linger_or_release(Forwarding& fw, const char* why, bool incomplete) {
+  Exchange& x = *fw.ex;
+  if (fw.sent && !x.aborted && x.up && x.up->sock.is_open() && x.node.resource != nullptr) {
+    x.client = nullptr;  // the session and its socket go before the exchange does
+    net::co_spawn(w_.ioc, linger_after_failure(fw.ex, cfg().drain_timeout, st_.active_requests, why, incomplete),
+                  net::detached);
+    return true;
+  }
+  x.release();
+  return false;
+}
+
+// The exchange with the upstream failed at `stage` (connect, send, response): 504 if it timed
+// out or a newer generation's drain aborted it, else 502.
+task<bool> Session::upstream_failed(Forwarding& fw, boost::system::error_code e, const char* stage) {
+  Exchange& x = *fw.ex;
+  waiting_up_ = nullptr;
+  const bool timeout = e == net::error::timed_out && std::string_view(stage) != "connect";
+  // The upstream has the request (or part of it, and stopped reading) and has not answered: it
+  // may still apply it. (A send that failed otherwise means the upstream closed the connection.)
+  const bool response = std::string_view(stage) == "response";
+  bool linger = false;
+  if (timeout)
+    linger = linger_or_release(fw, response ? "upstream timeout (response)" : "upstream timeout (send)", !response);
+  else
+    x.release();
+  count(fw.resource, Outcome::upstream_error);
+  log::warn("upstream exchange failed", {log::kv("upstream", fw.route.upstream), log::kv("stage", stage),
+                                         log::kv("error", e.message()), log::kv("aborted_by_drain", x.aborted ? 1 : 0),
+                                         log::kv("still_in_flight", linger ? 1 : 0)});
+  if (x.aborted || timeout)
+    sc_->problem = Problem{504, "upstream-timeout", "Gateway timeout",
+                           x.aborted ? "a newer generation's drain timed out; this exchange was aborted"
+                                     : std::string("the upstream did not answer in time (") + stage + ")"};
+  else
+    sc_->problem = Problem{502, "upstream-error", "Bad gateway",
+                           std::string("upstream ") + fw.route.upstream + ": " + stage + ": " + e.message()};
+  co_return co_await reply(sc_->problem, false, fw.version, fw.fence);
+}
+
+// The upstream's answer cannot be relayed (malformed, 101, bad framing) and nothing of it has
+// reached the client: 502 with `detail`; logged as `log_line` (if any) with `log_error`.
+task<bool> Session::upstream_answer_refused(Forwarding& fw, std::string detail, const char* log_line,
+                                            std::string_view log_error) {
+  waiting_up_ = nullptr;
+  fw.ex->release();
+  count(fw.resource, Outcome::upstream_error);
+  if (log_line) log::warn(log_line, {log::kv("upstream", fw.route.upstream), log::kv("error", log_error)});
+  sc_->problem = Problem{502, "upstream-error", "Bad gateway", std::move(detail)};
+  co_return co_await reply(sc_->problem, false, fw.version, fw.fence);
+}
+
+// The client's body stopped or broke: the upstream has an incomplete request. Its connection
+// is half-closed and, for a fenced write, kept in flight until the upstream is done with it.
+task<bool> Session::client_body_failed(Forwarding& fw, const char* why, bool too_large) {
+  waiting_up_ = nullptr;
+  linger_or_release(fw,
+                    too_large    ? "body too large"
+                    : timed_out_ ? "client body stalled"
+                    : why        ? "malformed client body"
+                                 : "client gone mid-body",
+                    true);
+  if (fw.ex->aborted) {  // woken by a newer generation's drain timeout (see node.abort)
+    sc_->problem = Problem{504, "upstream-timeout", "Gateway timeout",
+                           "a newer generation's drain timed out; this exchange was aborted"};
+    co_await reply(sc_->problem, false, fw.version, fw.fence);
+  } else if (too_large) {
+    sc_->problem = Problem{413, "body-too-large", "Content too large",
+                           "the body exceeds " + std::to_string(cfg().max_body_bytes) + " bytes"};
+    co_await reply(sc_->problem, false, fw.version, fw.fence);
+    co_await linger_close();
+  } else if (timed_out_) {
+    sc_->problem = Problem{408, "request-timeout", "Request timeout", "the request body stalled"};
+    co_await reply(sc_->problem, false, fw.version, fw.fence);
+  } else if (why) {
+    sc_->problem = Problem{400, "bad-body", "Bad request", std::string("malformed request body: ") + why};
+    co_await reply(sc_->problem, false, fw.version, fw.fence);
+  }
+  co_return false;
+}
+
+// The client went (a write to it failed or timed out) while the upstream may still be working
+// on this fenced write: the write stays in flight for the fence until the upstream's answer
+// has ended, so the answer is read to its end and dropped. False when nothing is to wait for
+// (not a fenced write, or no longer in flight): the exchange just ends.
+bool Session::client_went(Forwarding& fw) {
+  if (!fw.ex->node.resource || fw.ex->aborted) return false;
+  fw.client_gone = true;
+  timed_out_ = false;
+  boost::system::error_code ignored;
+  client_.shutdown(tcp::socket::shutdown_both, ignored);
+  return true;
+}
+
+// A pooled connection that failed before anything came back, for a request safe to send again:
+// sends it once more on a new connection. True iff that went (or was answered early).
+task<bool> Session::retry_fresh(Forwarding& fw, boost::system::error_code e) {
+  Exchange& x = *fw.ex;
+  UpConn& up = *x.up;
+  if (!fw.may_retry || !up.buf.empty() || timed_out_ || x.aborted) co_return false;
+  if (e != net::error::eof && e != net::error::connection_reset && e != net::error::broken_pipe) co_return false;
+  fw.may_retry = false;
+  std::unique_ptr<UpConn> keep = std::move(x.up);  // `up` (connect_upstream uses x.up meanwhile)
+  boost::system::error_code cec;
+  std::unique_ptr<UpConn> fresh = co_await connect_upstream(fw.route, fw.ex, cec);
+  x.up = std::move(keep);
+  if (cec || x.aborted) co_return false;
+  up.sock = std::move(fresh->sock);
+  waiting_up_ = &up;
+  arm(cfg().upstream_timeout);
+  std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
+  boost::system::error_code sec;
+  const bool answered = co_await send_request(up, b, sec);
+  sec = settle(sec);
+  co_return !sec || answered;
+}
+
+// The response head is already out: all we can do is cut the client connection.
+bool Session::body_failed(Forwarding& fw, const std::string& why) {
+  count(fw.resource, Outcome::upstream_error);
+  log::warn("upstream response body failed", {log::kv("upstream", fw.route.upstream), log::kv("error", why)});
+  return false;
+}
+
+}  // namespace fencegate::proxy
