@@ -131,8 +131,6 @@ bool parse_level(std::string_view s, Level* out) {
   return true;
 }
 
-
-
 void write(Level l, std::string_view msg, std::initializer_list<Field> fields) {
   if (!enabled(l)) return;
   using namespace std::chrono;

@@ -44,5 +44,4 @@ inline void debug(std::string_view m, std::initializer_list<Field> f = {}) {
   if (enabled(Level::debug)) write(Level::debug, m, f);
 }
 
-
 }  // namespace fencegate::log

@@ -181,7 +181,9 @@ std::optional<Reply> read_barrier(const RequestHead& h, std::string_view body, c
   if (nl > 1) return problem(400, "bad-leader", "Bad request", "several " + cfg.leader_header + " headers");
   if (nt == 1) {
     auto t = parse_token(tv);
-    if (!t) return problem(400, "malformed-token", "Malformed fencing token", "the token is not a canonical decimal in 1..2^63-1");
+    if (!t)
+      return problem(400, "malformed-token", "Malformed fencing token",
+                     "the token is not a canonical decimal in 1..2^63-1");
     g = *t;
   }
   if (!body.empty()) {
@@ -199,7 +201,8 @@ std::optional<Reply> read_barrier(const RequestHead& h, std::string_view body, c
         },
         false);
     if (j.is_discarded() || !j.is_object())
-      return problem(400, "bad-json", "Bad request", "the body must be a JSON object {\"generation\": N, \"leader\": \"...\"}");
+      return problem(400, "bad-json", "Bad request",
+                     "the body must be a JSON object {\"generation\": N, \"leader\": \"...\"}");
     if (!repeated.empty()) return problem(400, "bad-json", "Bad request", "duplicate key \"" + repeated + "\"");
     for (auto& [k, v] : j.items())
       if (k != "generation" && k != "leader")
@@ -216,16 +219,18 @@ std::optional<Reply> read_barrier(const RequestHead& h, std::string_view body, c
       if (!j["leader"].is_string()) return problem(400, "bad-json", "Bad request", "leader must be a string");
       // As with the generation: a header and a body that disagree are refused, not resolved.
       if (h.count(cfg.leader_header) && j["leader"].get<std::string>() != leader)
-        return problem(400, "bad-leader", "Bad request", "the " + cfg.leader_header + " header and the body's leader disagree");
+        return problem(400, "bad-leader", "Bad request",
+                       "the " + cfg.leader_header + " header and the body's leader disagree");
       leader = j["leader"].get<std::string>();
     }
   }
   if (g == 0)
     return problem(428, "token-required", "Fencing token required",
-                      "give the generation in the " + cfg.token_header + " header or as {\"generation\": N}");
+                   "give the generation in the " + cfg.token_header + " header or as {\"generation\": N}");
   if (leader.size() > cfg.max_leader_bytes) return problem(400, "bad-leader", "Bad request", "leader is too long");
   // As in a Fencing-Leader header: no control characters (it is shown in logs and audit rows).
-  if (std::any_of(leader.begin(), leader.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+  if (std::any_of(leader.begin(), leader.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
     return problem(400, "bad-leader", "Bad request", "leader must not contain control characters");
   return std::nullopt;
 }
@@ -238,7 +243,8 @@ struct Endpoint {
 constexpr Endpoint kEndpoints[] = {
     {"GET", "/", "this list"},
     {"GET", "/healthz", "200 while the process runs"},
-    {"GET", "/readyz", "200 when it can serve safely (store writable, config loaded, not stopping); else 503 with the reason"},
+    {"GET", "/readyz",
+     "200 when it can serve safely (store writable, config loaded, not stopping); else 503 with the reason"},
     {"GET", "/metrics", "Prometheus metrics (fencegate_ prefix)"},
     {"GET", "/v1/resources", "every resource: generation, mode, when and by whom it last advanced"},
     {"GET", "/v1/resources/{id}", "one resource"},
@@ -286,7 +292,8 @@ class AdminSession {
   awaitable<Reply> route(const RequestHead& h, std::string_view body);
   // Reads some bytes, bounded by kAdminIdle (a head or body that stops coming): the deadline
   // timer closes the socket.
-  awaitable<std::size_t> read_some(net::steady_timer& deadline, net::mutable_buffer into, boost::system::error_code& ec) {
+  awaitable<std::size_t> read_some(net::steady_timer& deadline, net::mutable_buffer into,
+                                   boost::system::error_code& ec) {
     deadline.expires_after(kAdminIdle);
     deadline.async_wait([this](boost::system::error_code e) {
       if (!e) {
@@ -513,8 +520,7 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
   // (curl, fencegate elect, scripts) send none of these.
   {
     std::string_view site;
-    const bool from_page = h.count("Origin") > 0 ||
-                           (h.count("Sec-Fetch-Site", &site) > 0 && !iequals(site, "none"));
+    const bool from_page = h.count("Origin") > 0 || (h.count("Sec-Fetch-Site", &site) > 0 && !iequals(site, "none"));
     std::string_view host;
     const bool foreign_host = cfg.admin.token.empty() && h.count("Host", &host) == 1 && !loopback_host_ok(host);
     if (from_page || foreign_host)
@@ -661,17 +667,26 @@ Reply AdminSession::resources(const std::string* one) {
   std::map<std::string, json> out;
   for (const auto& v : rt.fence.snapshot()) {
     if (one && v.name != *one) continue;
-    out[v.name] = json{{"resource", v.name}, {"generation", v.stored}, {"highest_seen", v.seen},
-                       {"in_flight", v.inflight}, {"waiting", v.waiting}, {"mode", mode_of(*snap->cfg, v.name)},
+    out[v.name] = json{{"resource", v.name},
+                       {"generation", v.stored},
+                       {"highest_seen", v.seen},
+                       {"in_flight", v.inflight},
+                       {"waiting", v.waiting},
+                       {"mode", mode_of(*snap->cfg, v.name)},
                        {"unstored_generation", v.owed > v.stored ? json(v.owed) : json(nullptr)},
-                       {"advanced_at", nullptr}, {"advanced_by", nullptr}};
+                       {"advanced_at", nullptr},
+                       {"advanced_by", nullptr}};
   }
   for (const auto& s : rt.store.load_all()) {
     if (one && s.resource != *one) continue;
     auto& j = out[s.resource];
     if (j.is_null())
-      j = json{{"resource", s.resource}, {"generation", s.generation}, {"highest_seen", s.generation},
-               {"in_flight", 0}, {"waiting", 0}, {"mode", mode_of(*snap->cfg, s.resource)},
+      j = json{{"resource", s.resource},
+               {"generation", s.generation},
+               {"highest_seen", s.generation},
+               {"in_flight", 0},
+               {"waiting", 0},
+               {"mode", mode_of(*snap->cfg, s.resource)},
                {"unstored_generation", nullptr}};
     j["advanced_at"] = s.advanced_at_ms ? json(format_rfc3339_ms(s.advanced_at_ms)) : json(nullptr);
     j["advanced_by"] = s.advanced_by;
@@ -797,9 +812,8 @@ Reply AdminSession::audit(const std::map<std::string, std::string>& q) {
   store::AuditQuery aq;
   aq.resource = param(q, "resource");
   aq.decision = param(q, "decision");
-  if (!aq.decision.empty() &&
-      std::find(store::kAuditDecisions.begin(), store::kAuditDecisions.end(), aq.decision) ==
-          store::kAuditDecisions.end()) {
+  if (!aq.decision.empty() && std::find(store::kAuditDecisions.begin(), store::kAuditDecisions.end(), aq.decision) ==
+                                  store::kAuditDecisions.end()) {
     std::string known;
     for (auto d : store::kAuditDecisions) known += (known.empty() ? "" : ", ") + std::string(d);
     return problem(400, "bad-query", "Bad request", "decision \"" + aq.decision + "\": unknown; one of " + known);
@@ -808,8 +822,7 @@ Reply AdminSession::audit(const std::map<std::string, std::string>& q) {
   std::string err;
   std::int64_t limit = 100, cursor = 0;
   if (!parse_time_param(q, "since", &aq.since_ms, &err) || !parse_time_param(q, "until", &aq.until_ms, &err) ||
-      !parse_int_param(q, "limit", 1, 1000, &limit, &err) ||
-      !parse_int_param(q, "cursor", 1, INT64_MAX, &cursor, &err))
+      !parse_int_param(q, "limit", 1, 1000, &limit, &err) || !parse_int_param(q, "cursor", 1, INT64_MAX, &cursor, &err))
     return problem(400, "bad-query", "Bad request", err);
   // until is exclusive, and 0 means "no bound" to the store: an until at or before the epoch
   // matches nothing, so it becomes the earliest bound that does the same.
@@ -860,8 +873,9 @@ std::unique_ptr<AdminServer> AdminServer::start(Runtime& rt, const config::Endpo
     *error = (le.resolving ? "cannot resolve " : "cannot listen on ") + listen.to_string() + ": " + le.message;
     return nullptr;
   }
-  log::info("admin listening", {log::kv("address", bound_address(a->acceptor)),
-                                log::kv("auth", rt.snapshot()->cfg->admin.token.empty() ? "none (loopback)" : "bearer")});
+  log::info("admin listening",
+            {log::kv("address", bound_address(a->acceptor)),
+             log::kv("auth", rt.snapshot()->cfg->admin.token.empty() ? "none (loopback)" : "bearer")});
   Admin* raw = a.get();
   net::co_spawn(a->ioc, raw->accept_loop(), net::detached);
   raw->wait_hup();

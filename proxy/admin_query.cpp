@@ -78,7 +78,8 @@ bool parse_int_param(const std::map<std::string, std::string>& q, const char* ke
   return true;
 }
 
-bool parse_time_param(const std::map<std::string, std::string>& q, const char* key, std::int64_t* out, std::string* err) {
+bool parse_time_param(const std::map<std::string, std::string>& q, const char* key, std::int64_t* out,
+                      std::string* err) {
   auto it = q.find(key);
   if (it == q.end() || it->second.empty()) return true;
   if (!parse_time_arg(it->second, now_unix_ms(), out)) {

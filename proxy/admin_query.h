@@ -21,7 +21,8 @@ bool parse_int_param(const std::map<std::string, std::string>& q, const char* ke
                      std::int64_t* out, std::string* err);
 
 // The parameter `key` as a time (RFC 3339, relative, or unix milliseconds) in unix ms, as above.
-bool parse_time_param(const std::map<std::string, std::string>& q, const char* key, std::int64_t* out, std::string* err);
+bool parse_time_param(const std::map<std::string, std::string>& q, const char* key, std::int64_t* out,
+                      std::string* err);
 
 // The parameter's value ("" if absent).
 std::string param(const std::map<std::string, std::string>& q, const char* key);

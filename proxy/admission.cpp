@@ -34,8 +34,8 @@ void read_token(const RequestHead& head, const config::Config& cfg, PresentedTok
     out->generation = *t;
   } else {
     out->state = TokenState::malformed;
-    out->why = cfg.token_header +
-               " must be a decimal integer in 1..9223372036854775807 without sign, leading zeros or spaces";
+    out->why =
+        cfg.token_header + " must be a decimal integer in 1..9223372036854775807 without sign, leading zeros or spaces";
   }
   if (out->state == TokenState::ok && (nl > 1 || lv.size() > cfg.max_leader_bytes)) {
     out->state = TokenState::malformed;
@@ -64,8 +64,8 @@ store::AuditRow audit_row(const AdmissionInput& in, std::string decision, std::i
 
 // A refusal (refuses) or what enforce would have refused, forwarded (observe mode's writes).
 // `decision_suffix`: "stale", "missing", ...; `current`: the generation the row and the problem name.
-void reject(const AdmissionInput& in, bool refuses, std::string_view decision_suffix, Outcome rejected,
-            Outcome would, std::int64_t current, Problem problem, Admission* a) {
+void reject(const AdmissionInput& in, bool refuses, std::string_view decision_suffix, Outcome rejected, Outcome would,
+            std::int64_t current, Problem problem, Admission* a) {
   const std::string suffix(decision_suffix);
   a->current = current;
   if (refuses) {
@@ -90,8 +90,8 @@ Admission decide_bad_token(const AdmissionInput& in, bool refuses, std::int64_t 
   if (in.token->state == TokenState::missing)
     reject(in, refuses, "missing", Outcome::rejected_missing, Outcome::would_reject_missing, current,
            Problem{428, "token-required", "Fencing token required",
-                   "writes to this resource need a " + std::string(in.token_header) + " header", resource,
-                   std::nullopt, current},
+                   "writes to this resource need a " + std::string(in.token_header) + " header", resource, std::nullopt,
+                   current},
            &a);
   else
     reject(in, refuses, "malformed", Outcome::rejected_malformed, Outcome::would_reject_malformed, current,
@@ -111,8 +111,13 @@ Admission decide_by_authority(const AdmissionInput& in, bool refuses, std::int64
     a.step = AdmissionStep::refuse;
     a.generation = current;
     a.outcome = Outcome::authority_unavailable;
-    a.refusal = Problem{503, "authority-unavailable", "Election authority unavailable",
-                        ac.why + "; nothing was forwarded", resource, g, current};
+    a.refusal = Problem{503,
+                        "authority-unavailable",
+                        "Election authority unavailable",
+                        ac.why + "; nothing was forwarded",
+                        resource,
+                        g,
+                        current};
     return a;
   }
   const std::int64_t newest = std::max(current, ac.leader);
@@ -187,8 +192,12 @@ Admission decide_by_fence(const AdmissionInput& in, bool refuses) {
       a.current = d.current;
       if (refuses) {
         a.step = AdmissionStep::refuse;
-        a.refusal = Problem{503, "store-unavailable", "Fence store unavailable",
-                            "the new generation could not be made durable; nothing was forwarded", resource, g,
+        a.refusal = Problem{503,
+                            "store-unavailable",
+                            "Fence store unavailable",
+                            "the new generation could not be made durable; nothing was forwarded",
+                            resource,
+                            g,
                             d.current};
       }
       return a;
@@ -197,12 +206,16 @@ Admission decide_by_fence(const AdmissionInput& in, bool refuses) {
       a.outcome = Outcome::too_many_resources;
       if (refuses) {
         a.step = AdmissionStep::refuse;
-        a.refusal = Problem{503, "too-many-resources", "Too many resources",
-                            "the fence holds its maximum number of resources", resource, g, std::nullopt};
+        a.refusal = Problem{503,
+                            "too-many-resources",
+                            "Too many resources",
+                            "the fence holds its maximum number of resources",
+                            resource,
+                            g,
+                            std::nullopt};
       }
       return a;
-    case Verdict::stale:
-      break;  // above
+    case Verdict::stale: break;  // above
   }
   return a;
 }
@@ -233,8 +246,12 @@ void audit_failed(Admission& a, const store::Status& st) {
   a.outcome = Outcome::store_error;
   a.step = AdmissionStep::refuse;
   Problem& p = a.refusal;
-  p = Problem{503, "store-unavailable", "Fence store unavailable",
-              "the audit row could not be made durable: " + st.message(), std::move(p.resource), p.presented,
+  p = Problem{503,
+              "store-unavailable",
+              "Fence store unavailable",
+              "the audit row could not be made durable: " + st.message(),
+              std::move(p.resource),
+              p.presented,
               p.current};
 }
 

@@ -200,8 +200,8 @@ bool Fence::decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Dec
   return false;
 }
 
-bool Fence::admit(const std::string& resource, std::int64_t g, const std::string& leader,
-                  InflightNode* node, Decision* now, DecisionFn later) {
+bool Fence::admit(const std::string& resource, std::int64_t g, const std::string& leader, InflightNode* node,
+                  Decision* now, DecisionFn later) {
   FenceResource* r = find_or_create(resource);
   if (!r) {
     *now = Decision{Verdict::overloaded, 0, 0, false};
@@ -264,8 +264,7 @@ void Fence::proceed(FenceResource* r, After& after) {
   r->drain_armed = false;
   if (r->draining) {
     r->draining = false;
-    after.drained_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - r->drain_started).count();
+    after.drained_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r->drain_started).count();
   }
   if (r->seen > r->stored) {
     begin_commit(r, after);
@@ -388,8 +387,8 @@ bool Fence::holds_advance(InflightNode* n) {
   return n->resource && !n->observed && r->advancing && n->generation < r->seen;
 }
 
-bool Fence::observe(const std::string& resource, std::int64_t g, const std::string& leader,
-                    Decision* now, DecisionFn later) {
+bool Fence::observe(const std::string& resource, std::int64_t g, const std::string& leader, Decision* now,
+                    DecisionFn later) {
   FenceResource* r = find_or_create(resource);
   if (!r) {
     *now = Decision{Verdict::overloaded, 0, 0, false};
@@ -534,7 +533,7 @@ void Fence::timer_loop() {
       if (r->advancing && !r->committing && r->drain_armed && drained(r)) {
         proceed(r, after);  // what was in the way went without a release (a commit made by observe)
       } else if (r->advancing && !r->committing && r->drain_armed && !drained(r) &&
-          std::chrono::steady_clock::now() >= r->drain_deadline) {
+                 std::chrono::steady_clock::now() >= r->drain_deadline) {
         r->drain_armed = false;
         // Abort every admitted exchange of an older generation; each releases its node once its
         // socket is closed, and the last release goes on with the advance. Writes forwarded

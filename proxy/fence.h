@@ -110,8 +110,8 @@ class Fence {
   // without waiting (fast path, stale, overloaded) it is stored in *now and true is returned;
   // otherwise `later` is called exactly once when it is made. On admit, `node` is linked and the
   // caller must call release(node) when the upstream exchange is over (or fails).
-  bool admit(const std::string& resource, std::int64_t g, const std::string& leader,
-             InflightNode* node, Decision* now, DecisionFn later);
+  bool admit(const std::string& resource, std::int64_t g, const std::string& leader, InflightNode* node, Decision* now,
+             DecisionFn later);
 
   // The decision of admit() (node given: enforce) or observe() (node null) when it can be made
   // without waiting: stale, the fast path (g is the stored generation; enforce links the node),
@@ -142,8 +142,7 @@ class Fence {
 
   // Observe mode: never rejects and never drains. A higher generation is stored durably before
   // the decision (so switching to enforce later starts from it). Same now/later contract as admit.
-  bool observe(const std::string& resource, std::int64_t g, const std::string& leader,
-               Decision* now, DecisionFn later);
+  bool observe(const std::string& resource, std::int64_t g, const std::string& leader, Decision* now, DecisionFn later);
 
   // Shutdown, before the store drains: stops the retries of owed observe-mode generations (see
   // ResourceView::owed) and queues one last attempt for each, which the store's drain commits.

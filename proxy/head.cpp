@@ -111,8 +111,7 @@ FieldKind classify_field(std::string_view n) {
     case 19:
       if (iequals(n, "Proxy-Authorization")) return FieldKind::hop_by_hop;
       break;
-    default:
-      break;
+    default: break;
   }
   return FieldKind::other;
 }
@@ -151,8 +150,7 @@ const char* bad_name(std::string_view head, std::size_t at) {
 // Parses the field lines of `head` (every line ends in CRLF) from `pos` on, in one pass: a
 // name is the run of token characters up to its colon, a value runs (checked eight bytes at a
 // time) up to the CR of its line's CRLF. Returns nullptr, or why the block is refused.
-const char* scan_fields(std::string_view head, std::size_t pos, std::vector<HeadField>* fields,
-                        std::uint32_t* kinds) {
+const char* scan_fields(std::string_view head, std::size_t pos, std::vector<HeadField>* fields, std::uint32_t* kinds) {
   *kinds = 0;
   const char* const base = head.data();
   const std::size_t size = head.size();
@@ -211,8 +209,7 @@ HeadScan scan_request_head(std::string_view data, std::size_t max_bytes, Request
     return s;
   }
   std::string_view head = data.substr(0, end + 2);  // every line ends in CRLF
-  if (head.size() >= 2 && head.substr(0, 2) == "\r\n")
-    return bad("empty line before the request line");
+  if (head.size() >= 2 && head.substr(0, 2) == "\r\n") return bad("empty line before the request line");
 
   RequestHead local;
   RequestHead& h = out ? *out : local;  // filled in place: its field vector's memory is reused
@@ -266,8 +263,8 @@ bool valid_host(std::string_view v) {
     const std::size_t close = v.find(']');
     if (close == std::string_view::npos || close == 1) return false;
     for (char c : v.substr(1, close - 1))
-      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == ':' || c == '.' || c == '%' || c == '-' ||
-            c == '_' || c == '~'))  // IPv6 (with an RFC 6874 zone) or IPvFuture
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == ':' || c == '.' || c == '%' || c == '-' || c == '_' ||
+            c == '~'))  // IPv6 (with an RFC 6874 zone) or IPvFuture
         return false;
     i = close + 1;
   } else {
@@ -314,8 +311,7 @@ Framing check_framing(const RequestHead& h) {
       case FieldKind::framing_alias:
         if (alias.empty()) alias = fl.name;
         break;
-      default:
-        break;
+      default: break;
     }
   }
   auto fail = [&](std::string r) {

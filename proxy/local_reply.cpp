@@ -35,9 +35,8 @@ const char* reason_phrase(unsigned status) {
 }
 
 std::string problem_body(const Problem& p, std::string_view extra_members) {
-  std::string b = "{\"type\":" + json::quote("urn:fencegate:problem:" + p.type) +
-                  ",\"title\":" + json::quote(p.title) + ",\"status\":" + std::to_string(p.status) +
-                  ",\"detail\":" + json::quote(p.detail);
+  std::string b = "{\"type\":" + json::quote("urn:fencegate:problem:" + p.type) + ",\"title\":" + json::quote(p.title) +
+                  ",\"status\":" + std::to_string(p.status) + ",\"detail\":" + json::quote(p.detail);
   if (!p.resource.empty()) {
     b += ",\"resource\":" + json::quote(p.resource);
     b += ",\"presented_generation\":" + (p.presented ? std::to_string(*p.presented) : std::string("null"));

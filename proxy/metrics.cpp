@@ -63,8 +63,8 @@ void Histogram::render(std::string& out, std::string_view name, std::string_view
   for (std::size_t i = 0; i <= bounds_.size(); ++i) {
     cum += counts_[i].load(std::memory_order_relaxed);
     out += name;
-    out += "_bucket{" + lp + "le=\"" + (i < bounds_.size() ? fmt_double(bounds_[i]) : std::string("+Inf")) +
-           "\"} " + std::to_string(cum) + "\n";
+    out += "_bucket{" + lp + "le=\"" + (i < bounds_.size() ? fmt_double(bounds_[i]) : std::string("+Inf")) + "\"} " +
+           std::to_string(cum) + "\n";
   }
   std::string l = labels.empty() ? std::string() : "{" + std::string(labels) + "}";
   out += std::string(name) + "_sum" + l + " " + fmt_double(sum_ns_.load() / 1e9) + "\n";

@@ -315,8 +315,8 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
   const RequestHead& head = sc_->head;
   const Framing& fr = rq.framing;
   const config::Route& route = *rq.match.route;
-  Forwarding fw{route, rq.match.resource, rq.fence, std::move(ex), head.version, head.method == "HEAD",
-                rq.client_keep_alive};
+  Forwarding fw{
+      route, rq.match.resource, rq.fence, std::move(ex), head.version, head.method == "HEAD", rq.client_keep_alive};
   Exchange& x = *fw.ex;
   boost::system::error_code ec;
   timed_out_ = false;
@@ -368,7 +368,8 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
     sc_->in.consume(pre);
     left -= pre;
     while (left > 0 && !fw.early) {
-      ec = co_await read_client(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer)), cfg.body_timeout);
+      ec =
+          co_await read_client(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer)), cfg.body_timeout);
       if (ec) co_return co_await client_body_failed(fw, nullptr, false);
       std::size_t n = std::min<std::size_t>(sc_->in.size(), static_cast<std::size_t>(left));
       arm(cfg.upstream_timeout);
@@ -400,8 +401,9 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
       }
     }
     arm(cfg.upstream_timeout);
-    std::size_t got = prompt_ ? co_await read_promptly(up, ec)
-                              : co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+    std::size_t got =
+        prompt_ ? co_await read_promptly(up, ec)
+                : co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
     prompt_ = false;
     up.buf.commit(got);
     ec = settle(ec);
@@ -410,7 +412,8 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
   }
   if (rh.status == 101) co_return co_await upstream_answer_refused(fw, "the upstream switched protocols");
   if (!frame_response(fw))
-    co_return co_await upstream_answer_refused(fw, "upstream " + route.upstream + ": invalid or conflicting Content-Length");
+    co_return co_await upstream_answer_refused(fw, "upstream " + route.upstream +
+                                                       ": invalid or conflicting Content-Length");
   build_response_head(fw);
 
   // Response body.
@@ -418,7 +421,8 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
     exchange_over(fw);
     arm(cfg.body_timeout);
     std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
-    if (!co_await send_soon(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+    if (!co_await send_soon(client_, b, ec) && !ec)
+      co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
     if (settle(ec)) co_return false;
   } else if (fw.body == ResponseBody::length) {
     const std::optional<bool> done = co_await relay_length_body(fw);
@@ -615,7 +619,8 @@ void Session::build_response_head(Forwarding& fw) {
   }
   // A response without a Date gets ours (RFC 9110 6.6.1: a recipient with a clock adds one).
   if (!has_date) append_field(sc_->out, "Date", http_date());
-  if (fence.generation) append_field(sc_->out, "Fencing-Generation", Decimal(static_cast<std::uint64_t>(*fence.generation)));
+  if (fence.generation)
+    append_field(sc_->out, "Fencing-Generation", Decimal(static_cast<std::uint64_t>(*fence.generation)));
   if (!fence.observe.empty()) append_field(sc_->out, "Fencing-Observe", fence.observe);
   if (fw.body == ResponseBody::length) append_field(sc_->out, "Content-Length", Decimal(fw.body_len));
   // A close-delimited body under another coding (Transfer-Encoding: gzip) keeps its label, with
@@ -648,7 +653,8 @@ task<std::optional<bool>> Session::relay_length_body(Forwarding& fw) {
     if (!head_sent || n) {
       if (!fw.client_gone) {
         arm(cfg().body_timeout);
-        if (!co_await send_soon(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+        if (!co_await send_soon(client_, b, ec) && !ec)
+          co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
         if (settle(ec) && !client_went(fw)) co_return false;
       }
       head_sent = true;
@@ -656,9 +662,9 @@ task<std::optional<bool>> Session::relay_length_body(Forwarding& fw) {
     up.buf.consume(n);
     if (left == 0) co_return std::nullopt;
     arm(cfg().upstream_timeout);
-    std::size_t got = co_await up.sock.async_read_some(
-        up.buf.prepare(static_cast<std::size_t>(std::min<std::uint64_t>(left, kRelayBuffer))),
-        net::redirect_error(use_task, ec));
+    std::size_t got = co_await up.sock.async_read_some(up.buf.prepare(static_cast<std::size_t>(
+                                                           std::min<std::uint64_t>(left, kRelayBuffer))),
+                                                       net::redirect_error(use_task, ec));
     up.buf.commit(got);
     ec = settle(ec);
     if (ec) co_return body_failed(fw, ec.message());
@@ -708,7 +714,8 @@ task<std::optional<bool>> Session::relay_chunked_body(Forwarding& fw) {
     if (done) co_return std::nullopt;
     if (up.buf.empty()) {
       arm(cfg().upstream_timeout);
-      std::size_t got = co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
+      std::size_t got =
+          co_await up.sock.async_read_some(up.buf.prepare(kRelayBuffer), net::redirect_error(use_task, ec));
       up.buf.commit(got);
       ec = settle(ec);
       if (ec == net::error::eof && close_delimited) eof = true;
@@ -751,12 +758,11 @@ task<bool> Session::upstream_failed(Forwarding& fw, boost::system::error_code e,
   bool linger = false;
   if (timeout)
     linger = linger_or_release(fw, response ? "upstream timeout (response)" : "upstream timeout (send)", !response);
-  else
-    x.release();
+  else x.release();
   count(fw.resource, Outcome::upstream_error);
-  log::warn("upstream exchange failed", {log::kv("upstream", fw.route.upstream), log::kv("stage", stage),
-                                         log::kv("error", e.message()), log::kv("aborted_by_drain", x.aborted ? 1 : 0),
-                                         log::kv("still_in_flight", linger ? 1 : 0)});
+  log::warn("upstream exchange failed",
+            {log::kv("upstream", fw.route.upstream), log::kv("stage", stage), log::kv("error", e.message()),
+             log::kv("aborted_by_drain", x.aborted ? 1 : 0), log::kv("still_in_flight", linger ? 1 : 0)});
   if (x.aborted || timeout)
     sc_->problem = Problem{504, "upstream-timeout", "Gateway timeout",
                            x.aborted ? "a newer generation's drain timed out; this exchange was aborted"

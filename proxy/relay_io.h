@@ -53,7 +53,6 @@ constexpr std::size_t kMaxGather = 32;    // chunk data runs re-framed per write
 constexpr unsigned kSendRingDepth = 64;   // sends per io_uring submission
 inline constexpr std::size_t kScratchPool = 64;  // free Scratch kept per worker
 
-
 // A byte buffer with a read and a write end. Holds no memory while empty and released, so an
 // idle keep-alive connection costs no buffer.
 class ByteBuf {
@@ -169,7 +168,9 @@ inline void append_field(std::string& out, std::string_view name, std::string_vi
 
 // Decimal digits of v (no allocation).
 struct Decimal {
-  explicit Decimal(std::uint64_t v) { len = static_cast<std::size_t>(std::to_chars(buf, buf + sizeof buf, v).ptr - buf); }
+  explicit Decimal(std::uint64_t v) {
+    len = static_cast<std::size_t>(std::to_chars(buf, buf + sizeof buf, v).ptr - buf);
+  }
   operator std::string_view() const { return {buf, len}; }
   char buf[24];
   std::size_t len;
@@ -258,7 +259,7 @@ inline std::size_t start_gather(std::vector<net::const_buffer>& gather, const st
 // Decodes chunks from `avail` and adds their data runs to the write (at most kMaxGather
 // buffers). Returns the bytes of `avail` consumed; adds the data bytes to *total.
 inline std::size_t decode_into(ChunkDecoder& dec, std::string_view avail, std::vector<net::const_buffer>& gather,
-                        std::size_t* total) {
+                               std::size_t* total) {
   std::size_t used = 0;
   while (used < avail.size() && !dec.done() && !dec.failed() && gather.size() < kMaxGather) {
     std::string_view d;
@@ -274,7 +275,7 @@ inline std::size_t decode_into(ChunkDecoder& dec, std::string_view avail, std::v
 // Frames the data runs after `size_slot` as one chunk of our own (none for no data) and, when
 // `last`, ends the body with the last chunk. `frame` holds the chunk-size line.
 inline void frame_chunk(std::vector<net::const_buffer>& gather, std::size_t size_slot, std::string& frame,
-                 std::size_t total, bool last) {
+                        std::size_t total, bool last) {
   frame.clear();
   if (total) {
     append_chunk_header(frame, total);

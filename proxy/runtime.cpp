@@ -31,8 +31,7 @@ bool resolve(const config::Endpoint& ep, std::vector<UpstreamAddr>* out, std::st
       inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(p->ai_addr)->sin_addr, buf, sizeof buf);
     else if (p->ai_family == AF_INET6)
       inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(p->ai_addr)->sin6_addr, buf, sizeof buf);
-    else
-      continue;
+    else continue;
     out->push_back(UpstreamAddr{buf, ep.port});
   }
   ::freeaddrinfo(res);
@@ -88,8 +87,8 @@ std::vector<std::string> Runtime::reload() {
   store.set_retention(static_cast<std::int64_t>(next->cfg->audit.max_age.count()) * 1000, next->cfg->audit.max_rows);
   install(next);
   metrics.reloads.fetch_add(1);
-  log::info("config reloaded", {log::kv("routes", next->cfg->routes.size()),
-                                log::kv("config", next->cfg->config_file)});
+  log::info("config reloaded",
+            {log::kv("routes", next->cfg->routes.size()), log::kv("config", next->cfg->config_file)});
   return {};
 }
 

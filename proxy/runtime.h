@@ -75,8 +75,7 @@ class Runtime {
       if (!ok)
         log::error("store: a commit failed; fenced writes that need the store fail closed (503)",
                    {log::kv("error", error)});
-      else
-        log::info("store: commits succeed again");
+      else log::info("store: commits succeed again");
     }
     store_ok_ = ok;
     if (!ok) store_error_ = error;

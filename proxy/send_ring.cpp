@@ -22,9 +22,7 @@ int ring_enter(int fd, unsigned submit, unsigned wait) {
   return static_cast<int>(::syscall(__NR_io_uring_enter, fd, submit, wait, IORING_ENTER_GETEVENTS, nullptr, 0));
 }
 
-unsigned load_acquire(const unsigned* p) {
-  return std::atomic_ref<const unsigned>(*p).load(std::memory_order_acquire);
-}
+unsigned load_acquire(const unsigned* p) { return std::atomic_ref<const unsigned>(*p).load(std::memory_order_acquire); }
 void store_release(unsigned* p, unsigned v) { std::atomic_ref<unsigned>(*p).store(v, std::memory_order_release); }
 
 }  // namespace
@@ -61,8 +59,9 @@ struct SendRing::Rings {
     if (single) sq_len = cq_len = std::max(sq_len, cq_len);
     sq_map = ::mmap(nullptr, sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_SQ_RING);
     if (sq_map == MAP_FAILED) return false;
-    cq_map = single ? sq_map
-                    : ::mmap(nullptr, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_CQ_RING);
+    cq_map = single
+                 ? sq_map
+                 : ::mmap(nullptr, cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, IORING_OFF_CQ_RING);
     if (cq_map == MAP_FAILED) return false;
     sqes_len = p.sq_entries * sizeof(io_uring_sqe);
     sqes = static_cast<io_uring_sqe*>(
@@ -133,12 +132,13 @@ std::unique_ptr<SendRing> SendRing::open(unsigned depth) {
   // at once), and knows one thread submits.
   unsigned modes[] = {
 #if defined(IORING_SETUP_SUBMIT_ALL) && defined(IORING_SETUP_SINGLE_ISSUER) && defined(IORING_SETUP_DEFER_TASKRUN)
-      IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
+    IORING_SETUP_SUBMIT_ALL | IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN,
 #endif
 #ifdef IORING_SETUP_SUBMIT_ALL
-      IORING_SETUP_SUBMIT_ALL,
+    IORING_SETUP_SUBMIT_ALL,
 #endif
-      0};
+    0
+  };
   for (unsigned flags : modes) {
     io_uring_params p{};
     p.flags = flags;

@@ -86,7 +86,8 @@ void raise_fd_limit(std::size_t max_connections) {
   }
   if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < max_connections + 64)
     log::warn("file descriptor limit is below what max_connections needs",
-              {log::kv("nofile", static_cast<std::uint64_t>(rl.rlim_cur)), log::kv("max_connections", max_connections)});
+              {log::kv("nofile", static_cast<std::uint64_t>(rl.rlim_cur)),
+               log::kv("max_connections", max_connections)});
 }
 
 // The last of a stop, after the workers: commits what is queued (audit rows of observe mode)
@@ -99,9 +100,10 @@ void settle_store_and_fence(std::unique_ptr<store::Store> store, Fence& fence) {
   store->set_commit_observer(nullptr);
   store->drain_and_stop();
   for (const ResourceView& v : fence.owed())
-    log::error("observe mode: a forwarded generation was never stored (the store kept failing); "
-               "after this restart a lower generation is not known to be stale",
-               {log::kv("resource", v.name), log::kv("generation", v.owed), log::kv("stored", v.stored)});
+    log::error(
+        "observe mode: a forwarded generation was never stored (the store kept failing); "
+        "after this restart a lower generation is not known to be stale",
+        {log::kv("resource", v.name), log::kv("generation", v.owed), log::kv("stored", v.stored)});
   if (const std::uint64_t lost = store->audit_rows_dropped())
     log::error("observe-mode audit rows could not be written and are lost (the store kept failing)",
                {log::kv("rows", lost)});
@@ -171,8 +173,8 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
 
   std::unique_ptr<AdminServer> admin = AdminServer::start(rt, cfg->admin.listen, &err);
   if (!admin) {
-    log::error("cannot start the admin listener", {log::kv("admin_listen", cfg->admin.listen.to_string()),
-                                                   log::kv("error", err)});
+    log::error("cannot start the admin listener",
+               {log::kv("admin_listen", cfg->admin.listen.to_string()), log::kv("error", err)});
     return 1;
   }
 

@@ -34,9 +34,7 @@ int Session::scan_head(std::size_t* checked, std::size_t* head_len) {
   if (!maybe_done && !head_prefix_hopeless(data, from) && data.size() < cfg.max_header_bytes) return 0;
   HeadScan s = scan_request_head(data, cfg.max_header_bytes, &sc_->head);
   switch (s.status) {
-    case HeadStatus::complete:
-      *head_len = s.length;
-      return 1;
+    case HeadStatus::complete: *head_len = s.length; return 1;
     case HeadStatus::bad:
       sc_->out = local_reply(Problem{400, "bad-request", "Bad request", s.reason}, false, 11, kNoFenceHeaders);
       return -1;
@@ -51,8 +49,7 @@ int Session::scan_head(std::size_t* checked, std::size_t* head_len) {
                                        "the request head exceeds " + std::to_string(cfg.max_header_bytes) + " bytes"},
                                false, 11, kNoFenceHeaders);
       return -1;
-    default:
-      return 0;
+    default: return 0;
   }
 }
 
@@ -91,7 +88,8 @@ task<bool> Session::run(bool woken) {
         shed();
         co_return true;
       }
-      std::size_t room = std::min<std::size_t>(cfg().max_header_bytes + 4 - sc_->in.size(), sc_->in.size() ? 16384 : 4096);
+      std::size_t room =
+          std::min<std::size_t>(cfg().max_header_bytes + 4 - sc_->in.size(), sc_->in.size() ? 16384 : 4096);
       // A hot connection reads straight away (no readiness wait to register); if nothing comes
       // for kHotIdle the watchdog cancels the read and the connection waits cold, bufferless.
       const bool idle_wait = hot && sc_->in.empty();
@@ -127,8 +125,9 @@ task<bool> Session::run(bool woken) {
       }
       if (timed_out_) {
         if (!sc_->in.empty()) {
-          sc_->out = local_reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
-                             false, 11, kNoFenceHeaders);
+          sc_->out =
+              local_reply(Problem{408, "request-timeout", "Request timeout", "the request head did not arrive in time"},
+                          false, 11, kNoFenceHeaders);
           state = -1;
         }
         break;
@@ -178,7 +177,8 @@ void Session::begin_request() {
 }
 
 void Session::request_failed(const std::exception& e) {
-  log::error("request failed", {log::kv("error", e.what()), log::kv("client", client_ip_), log::kv("client_port", client_port_)});
+  log::error("request failed",
+             {log::kv("error", e.what()), log::kv("client", client_ip_), log::kv("client_port", client_port_)});
 }
 
 task<boost::system::error_code> Session::read_client(std::size_t want, std::chrono::milliseconds timeout) {
@@ -247,7 +247,8 @@ task<bool> Session::discard(std::uint64_t n) {
 
 task<store::Status> Session::audit_sync(store::AuditRow& row) {
   auto slot = std::make_shared<CrossThreadResult<store::Status>>(w_);
-  rt_.store.append_audit(std::move(row), [slot](store::Status st) { CrossThreadResult<store::Status>::fulfil(slot, std::move(st)); });
+  rt_.store.append_audit(std::move(row),
+                         [slot](store::Status st) { CrossThreadResult<store::Status>::fulfil(slot, std::move(st)); });
   co_return co_await slot->wait();
 }
 
@@ -267,8 +268,7 @@ bool Session::body_abandoned(const Framing& fr, std::size_t head_len) {
   if (::ioctl(fd, FIONREAD, &queued) != 0 || queued < 0) return false;
   readiness::unknown(client_);
   const std::string_view held = sc_->in.view().substr(head_len);
-  if (!fr.chunked)
-    return fr.content_length && held.size() + static_cast<std::uint64_t>(queued) < *fr.content_length;
+  if (!fr.chunked) return fr.content_length && held.size() + static_cast<std::uint64_t>(queued) < *fr.content_length;
   if (static_cast<std::size_t>(queued) > kAbandonPeek) return false;  // cannot tell cheaply: relayed as usual
   std::string peeked(static_cast<std::size_t>(queued), '\0');
   if (queued > 0) {
@@ -287,7 +287,6 @@ bool Session::body_abandoned(const Framing& fr, std::size_t head_len) {
   }
   return !dec.done();
 }
-
 
 // One request, top to bottom: check the head, route it (once), admit it (the fence decision,
 // proxy/admission.h), forward it (relay.cpp). Every refusal is answered through reply().
@@ -387,7 +386,8 @@ bool Session::head_acceptable(RequestState& rq) {
     return false;
   }
   if (head.method == "CONNECT" || head.has(FieldKind::upgrade)) {
-    sc_->problem = Problem{501, "not-implemented", "Not implemented", "CONNECT and protocol upgrades are not supported"};
+    sc_->problem =
+        Problem{501, "not-implemented", "Not implemented", "CONNECT and protocol upgrades are not supported"};
     return false;
   }
   // Connection may not name end-to-end fields we rely on: stripping them would change framing
@@ -403,7 +403,8 @@ bool Session::head_acceptable(RequestState& rq) {
       });
     }
     if (bad_conn) {
-      sc_->problem = Problem{400, "bad-connection-header", "Bad request", "the Connection header names an end-to-end field"};
+      sc_->problem =
+          Problem{400, "bad-connection-header", "Bad request", "the Connection header names an end-to-end field"};
       return false;
     }
   }
@@ -413,7 +414,8 @@ bool Session::head_acceptable(RequestState& rq) {
     for (const auto& f : head.fields)
       if (f.kind == FieldKind::expect && ne++ == 0) ev = f.value;
   if (ne > 1 || (ne == 1 && !iequals(ev, "100-continue"))) {
-    sc_->problem = Problem{417, "expectation-failed", "Expectation failed", "only \"Expect: 100-continue\" is supported"};
+    sc_->problem =
+        Problem{417, "expectation-failed", "Expectation failed", "only \"Expect: 100-continue\" is supported"};
     return false;
   }
   rq.expect_continue = ne == 1 && rq.version == 11;
@@ -560,9 +562,10 @@ void Session::note_admission(const Admission& a, const RequestState& rq) {
       static std::atomic<std::uint64_t> over_cap{0};
       if (over_cap.fetch_add(1, std::memory_order_relaxed) % 1000 != 0) return;
       if (a.step == AdmissionStep::forward)
-        log::warn("observe mode: the fence holds max_resources resources; forwarding without tracking "
-                  "(logged once per 1000)",
-                  {log::kv("resource", resource), log::kv("max_resources", cfg().max_resources)});
+        log::warn(
+            "observe mode: the fence holds max_resources resources; forwarding without tracking "
+            "(logged once per 1000)",
+            {log::kv("resource", resource), log::kv("max_resources", cfg().max_resources)});
       else
         log::warn("rejected write: the fence holds max_resources resources (503; logged once per 1000)",
                   {log::kv("resource", resource), log::kv("max_resources", cfg().max_resources)});
@@ -570,14 +573,14 @@ void Session::note_admission(const Admission& a, const RequestState& rq) {
     }
     case Outcome::store_error:
       if (a.step == AdmissionStep::forward) {
-        log::warn("observe mode: could not store the generation; the write is forwarded and the "
-                  "generation retried until it is stored",
-                  {log::kv("resource", resource), log::kv("generation", g), log::kv("stored", rq.decision.current)});
+        log::warn(
+            "observe mode: could not store the generation; the write is forwarded and the "
+            "generation retried until it is stored",
+            {log::kv("resource", resource), log::kv("generation", g), log::kv("stored", rq.decision.current)});
         return;
       }
       break;
-    default:
-      break;
+    default: break;
   }
   const bool would = to_string(o).starts_with("would_");
   log::write(would ? log::Level::info : log::Level::warn, would ? "would reject write" : "rejected write",

@@ -50,7 +50,7 @@ class SessionSlots {
   }
   static void carve(std::size_t size, Free*& head) {
     const std::size_t stride = (std::max(size, sizeof(Free)) + 15) & ~std::size_t{15};
-    char* block = static_cast<char*>(::operator new(stride * kPerBlock, std::align_val_t{16}));
+    char* block = static_cast<char*>(::operator new(stride* kPerBlock, std::align_val_t{16}));
     {
       static std::mutex mu;
       static std::vector<char*>* blocks = new std::vector<char*>();  // reachable for good
@@ -73,7 +73,11 @@ class Session {
   static void operator delete(void* p) { SessionSlots::give(p); }
 
   Session(ServerState& st, Worker& w, Socket sock)
-      : st_(st), rt_(st.rt), w_(w), client_(std::move(sock)), snap_version_(rt_.snapshot_version()),
+      : st_(st),
+        rt_(st.rt),
+        w_(w),
+        client_(std::move(sock)),
+        snap_version_(rt_.snapshot_version()),
         snap_(rt_.snapshot()) {
     boost::system::error_code ec;
     auto ep = client_.remote_endpoint(ec);
@@ -274,7 +278,7 @@ class Session {
   task<bool> send_request(UpConn& up, Buffers& bufs, boost::system::error_code& ec);
   bool answered_early(UpConn& up);
   task<std::unique_ptr<UpConn>> connect_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
-                                              boost::system::error_code& ec);
+                                                 boost::system::error_code& ec);
   void give_back(const config::Route& route, std::unique_ptr<UpConn> c);
 
   // Deadline of what the session is about to wait for (none: Clock::time_point::max()).

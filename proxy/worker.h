@@ -264,11 +264,11 @@ struct Worker {
     long result = 0;  // bytes sent, -errno, or SendRing::kUnknown
     Suspended::iterator waiter;
   };
-  std::vector<QueuedSend*> sends;    // queued in this pass
+  std::vector<QueuedSend*> sends;  // queued in this pass
   std::vector<QueuedSend*> sending;  // being sent by flush_sends
   std::vector<SendRing::Op> send_ops;  // the sends of `sending` on open sockets ...
-  std::vector<QueuedSend*> send_of;    // ... and the QueuedSend of each
-  std::unique_ptr<SendRing> ring;    // null: io_uring is not available, sendmsg one by one
+  std::vector<QueuedSend*> send_of;  // ... and the QueuedSend of each
+  std::unique_ptr<SendRing> ring;  // null: io_uring is not available, sendmsg one by one
   bool ring_opened = false;
   // True iff sends go through flush_sends (opens the ring on first use: on the worker's thread,
   // the only one that submits to it).
@@ -343,7 +343,7 @@ struct Exchange : std::enable_shared_from_this<Exchange> {
   void release() { fence.release(&node); }
   Fence& fence;
   net::io_context* ioc = nullptr;  // of the session, for node.abort
-  Socket* client = nullptr;         // the session's client socket, woken by node.abort
+  Socket* client = nullptr;  // the session's client socket, woken by node.abort
   InflightNode node;
   std::unique_ptr<UpConn> up;
   bool aborted = false;  // by a newer generation's drain timeout
