@@ -337,6 +337,7 @@ class AdminSession {
 class Admin final : public AdminServer {
  public:
   Admin(Runtime& rt) : rt(rt), acceptor(ioc), signals(ioc, SIGHUP) {}
+  // NOLINTNEXTLINE(bugprone-exception-escape): stop() throws only if the thread cannot be joined
   ~Admin() override { stop(); }
 
   void stop() override {
@@ -799,8 +800,9 @@ awaitable<Decision> AdminSession::advance(const std::string& resource, std::int6
 // Appends an audit row and waits until it is durable (or failed).
 awaitable<store::Status> AdminSession::audit_sync(store::AuditRow row) {
   auto result = std::make_shared<PostedResult<store::Status>>(admin_.ioc);
-  admin_.rt.store.append_audit(std::move(row),
-                               [result](store::Status st) { PostedResult<store::Status>::deliver(result, st); });
+  admin_.rt.store.append_audit(std::move(row), [result](store::Status st) {
+    PostedResult<store::Status>::deliver(result, std::move(st));
+  });
   co_return co_await result->wait();
 }
 

@@ -306,7 +306,7 @@ void Fence::run(After& after) {
     if (fn) fn(d);
 }
 
-void Fence::on_committed(FenceResource* r, std::int64_t target, store::Status st) {
+void Fence::on_committed(FenceResource* r, std::int64_t target, const store::Status& st) {
   After after;
   {
     std::lock_guard lk(r->mu);
@@ -409,7 +409,7 @@ bool Fence::observe(const std::string& resource, std::int64_t g, const std::stri
       r->seen_leader = leader;
     }
   }
-  store_.advance(r->name, g, leader, [this, r, g, leader, later = std::move(later)](store::Status st) {
+  store_.advance(r->name, g, leader, [this, r, g, leader, later = std::move(later)](const store::Status& st) {
     Decision d;
     After after;
     bool owed = false;
@@ -460,7 +460,7 @@ void Fence::retry_owed(FenceResource* r) {
     g = r->owed;
     leader = r->owed_leader;
   }
-  store_.advance(r->name, g, std::move(leader), [this, r, g](store::Status st) {
+  store_.advance(r->name, g, std::move(leader), [this, r, g](const store::Status& st) {
     After after;
     bool owed = false;
     {

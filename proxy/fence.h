@@ -175,7 +175,7 @@ class Fence {
   void proceed(FenceResource* r, After& after);
   void begin_commit(FenceResource* r, After& after);
   void run(After& after);
-  void on_committed(FenceResource* r, std::int64_t target, store::Status st);
+  void on_committed(FenceResource* r, std::int64_t target, const store::Status& st);
   void timer_loop();
   void queue_retry(FenceResource* r);
   void retry_owed(FenceResource* r);

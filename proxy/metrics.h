@@ -65,7 +65,7 @@ class Metrics {
   explicit Metrics(std::size_t max_resource_labels = 1000);
 
   // Counters of `resource` (or of "_other" once the label cap is reached). Never null.
-  ResourceCounters* resource(std::string_view resource);
+  ResourceCounters* resource(std::string_view name);
   void count(std::string_view name, Outcome o) {
     resource(name)->by_outcome[static_cast<int>(o)].fetch_add(1, std::memory_order_relaxed);
   }

@@ -89,7 +89,7 @@ task<bool> Session::run(bool woken) {
         co_return true;
       }
       std::size_t room =
-          std::min<std::size_t>(cfg().max_header_bytes + 4 - sc_->in.size(), sc_->in.size() ? 16384 : 4096);
+          std::min<std::size_t>(cfg().max_header_bytes + 4 - sc_->in.size(), !sc_->in.empty() ? 16384 : 4096);
       // A hot connection reads straight away (no readiness wait to register); if nothing comes
       // for kHotIdle the watchdog cancels the read and the connection waits cold, bufferless.
       const bool idle_wait = hot && sc_->in.empty();

@@ -142,7 +142,7 @@ class Session {
     }
     s->parked_fd_ = fd;
     ++s->w_.activity;
-    s.release();  // owned by the worker's list while parked
+    (void)s.release();  // owned by the worker's list while parked
   }
   // The parked connection is readable (or closed by the client): run it again.
   void unpark() {
