@@ -17,6 +17,7 @@
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 
 #include "election_client/elect_signals.h"
 #include "election_client/etcd_client.h"
@@ -34,7 +35,11 @@ namespace {
 
 using namespace std::chrono_literals;
 using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
+// Lease deadlines and what is measured against them (the grace before SIGKILL is cut to the
+// lease's expiry): the lease's own clock, CLOCK_BOOTTIME (common/boot_clock.h), which counts a
+// suspended host. The guardian must take the same time points.
+using Clock = LeaseKeeper::Clock;
+static_assert(std::is_same_v<GuardianClock, Clock>, "the guardian's expiry is the lease's deadline");
 
 std::vector<std::string> child_env(const ElectOptions& f, std::int64_t token) {
   std::vector<std::string> env;

@@ -7,8 +7,9 @@
 //   (guardian.h) -> supervise.
 // The main thread never blocks for long: slow steps (campaign, fence POSTs) run on a helper
 // thread while the main thread waits in sigtimedwait() in 50 ms slices (elect_signals.h),
-// checking LeaseKeeper::valid() -- which reads CLOCK_MONOTONIC itself, so after a SIGSTOP/SIGCONT
-// the expired deadline is seen on the first slice, whatever the keeper thread is doing.
+// checking LeaseKeeper::valid() -- which reads CLOCK_BOOTTIME itself, so after a SIGSTOP/SIGCONT
+// or a host suspension the expired deadline is seen on the first slice, whatever the keeper
+// thread is doing (the slices are short: a suspension costs at most one more slice).
 //
 // Before the command has started, losing the lease (or a failed campaign) costs nothing: elect
 // gives the lease up and campaigns again. Once the command runs, losing authority (the lease, or

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/timerfd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -25,7 +26,7 @@ extern char** environ;
 
 namespace fencegate::election {
 
-using Clock = std::chrono::steady_clock;
+using Clock = GuardianClock;
 
 namespace {
 
@@ -49,7 +50,7 @@ void cloexec_from_3() {
 
 constexpr std::int64_t kGuardianDone = -1;
 
-std::int64_t steady_ns(Clock::time_point t) {
+std::int64_t boot_ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
@@ -57,7 +58,7 @@ Guardian start_guardian(pid_t group, Clock::time_point expiry) {
   Guardian g;
   int life[2];
   if (pipe2(life, O_CLOEXEC) != 0) return g;
-  const std::int64_t first = steady_ns(expiry);
+  const std::int64_t first = boot_ns(expiry);
   const pid_t pid = fork();
   if (pid < 0) {
     close(life[0]);
@@ -76,19 +77,27 @@ Guardian start_guardian(pid_t group, Clock::time_point expiry) {
       close(life[0]);
     }
     ::close_range(4, ~0U, 0);
+    // poll()'s timeout is monotonic and sleeps through a suspension: a CLOCK_BOOTTIME timerfd
+    // armed at the expiry wakes the guardian on resume instead. Without one (an old kernel), the
+    // poll is cut into kMaxBootClockWait slices.
+    const int timer = timerfd_create(CLOCK_BOOTTIME, TFD_CLOEXEC);
     std::int64_t expiry_ns = first;
+    std::int64_t armed_ns = -1;
     for (;;) {
-      struct timespec now {};
-      clock_gettime(CLOCK_MONOTONIC, &now);  // std::chrono::steady_clock's clock
-      const std::int64_t now_ns = static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+      const std::int64_t now_ns = BootClock::now_ns();
       if (now_ns >= expiry_ns) break;
+      if (timer >= 0 && armed_ns != expiry_ns) {
+        struct itimerspec at {};
+        at.it_value.tv_sec = static_cast<time_t>(expiry_ns / 1000000000);
+        at.it_value.tv_nsec = static_cast<long>(expiry_ns % 1000000000);
+        armed_ns = timerfd_settime(timer, TFD_TIMER_ABSTIME, &at, nullptr) == 0 ? expiry_ns : -1;
+      }
       const std::int64_t left_ms = (expiry_ns - now_ns + 999999) / 1000000;
-      struct pollfd pfd {
-        3, POLLIN, 0
-      };
-      const int r = poll(&pfd, 1, static_cast<int>(std::min<std::int64_t>(left_ms, 60000)));
+      const std::int64_t slice_ms = armed_ns == expiry_ns ? 60000 : kMaxBootClockWait.count();
+      struct pollfd pfd[2] = {{3, POLLIN, 0}, {timer, POLLIN, 0}};
+      const int r = poll(pfd, timer >= 0 ? 2 : 1, static_cast<int>(std::min<std::int64_t>(left_ms, slice_ms)));
       if (r < 0 && errno != EINTR) break;
-      if (r <= 0) continue;
+      if (r <= 0 || !(pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;  // the clock decides
       std::int64_t msg = 0;
       ssize_t n;
       do n = read(3, &msg, sizeof msg);
@@ -143,13 +152,13 @@ int exit_code_of(int wstatus) {
 // write end is non-blocking: a guardian that does not read (stopped) never holds elect up; the
 // next call sends the moment again.
 void set_guardian(Guardian& g, Clock::time_point at) {
-  const std::int64_t ns = steady_ns(at);
+  const std::int64_t ns = boot_ns(at);
   if (g.fd >= 0 && write(g.fd, &ns, sizeof ns) == static_cast<ssize_t>(sizeof ns)) g.sent = ns;
 }
 
 // Tells the guardian the lease's new earliest expiry (after a renewal).
 void extend_guardian(Guardian& g, Clock::time_point expiry) {
-  if (steady_ns(expiry) > g.sent) set_guardian(g, expiry);
+  if (boot_ns(expiry) > g.sent) set_guardian(g, expiry);
 }
 
 void release_guardian(Guardian& g) {

@@ -14,7 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "common/boot_clock.h"
+
 namespace fencegate::election {
+
+// The clock of the guardian's expiry: the lease's clock (LeaseKeeper::Clock).
+using GuardianClock = BootClock;
 
 // Notes the descriptors from 3 on that elect was started with (`3<file`, `<(...)`, socket
 // activation): they are the user's and the command inherits them; every other descriptor is
@@ -30,7 +35,13 @@ void note_inherited_fds();
 // thread) cannot stop its command when its lease runs out, so the guardian kills the group at
 // that moment, before etcd can elect a successor. When elect is done with the command (reaped,
 // group killed), it says so first and the guardian just exits. Messages are 8-byte integers
-// (atomic on a pipe): a steady-clock expiry in nanoseconds, or kGuardianDone.
+// (atomic on a pipe): an expiry in nanoseconds on CLOCK_BOOTTIME, or kGuardianDone.
+//
+// The clock (GuardianClock, common/boot_clock.h) counts a host suspension: the lease runs out at
+// etcd during one, so the guardian kills the group at once on resume, not after the time the
+// expiry had left when the host went down. The guardian is forked, never exec'd, and reads the
+// same system-wide clock as elect, so an absolute boot-clock time means the same moment to both;
+// it waits on a CLOCK_BOOTTIME timerfd, which fires on resume if the expiry passed meanwhile.
 struct Guardian {
   pid_t pid = -1;
   int fd = -1;  // write end
@@ -43,15 +54,15 @@ struct Guardian {
 // command can fork anything, so a SIGKILL of elect at any moment leaves no child of the command
 // running. If elect dies before the byte, the child reads EOF and exits without exec.
 pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env,
-            std::chrono::steady_clock::time_point expiry, Guardian* guardian);
+            GuardianClock::time_point expiry, Guardian* guardian);
 
 // Sets the moment the guardian kills the command's group, earlier or later than before. The
 // write end is non-blocking: a guardian that does not read (stopped) never holds elect up; the
 // next call sends the moment again.
-void set_guardian(Guardian& g, std::chrono::steady_clock::time_point at);
+void set_guardian(Guardian& g, GuardianClock::time_point at);
 
 // Tells the guardian the lease's new earliest expiry (after a renewal).
-void extend_guardian(Guardian& g, std::chrono::steady_clock::time_point expiry);
+void extend_guardian(Guardian& g, GuardianClock::time_point expiry);
 
 // Tells the guardian the command is done with (reaped, its group killed): it exits; reaps it.
 void release_guardian(Guardian& g);

@@ -115,7 +115,8 @@ void LeaseKeeper::loop() {
     Clock::time_point wake = next_renew;
     if (state_ == State::active) wake = std::min(wake, deadline_);
     if (now < wake) {
-      cv_.wait_until(lk, wake);
+      // Bounded: the condition variable's timer is monotonic and would sleep through a suspension.
+      cv_.wait_for(lk, wait_slice(wake));
       continue;
     }
     // Renew. While active, give up on this request by the deadline so jeopardy is reported on time,

@@ -1,8 +1,10 @@
 // LeaseKeeper: grants an etcd lease and keeps it alive from its own thread, and says -- from the
-// monotonic clock, not from what it last heard -- whether the lease may still be relied on.
+// boot clock, not from what it last heard -- whether the lease may still be relied on.
 //
 // Deadline (the lease-safety rule):
-//   deadline = (steady time when the grant or the last successful renewal was SENT) + TTL - margin
+//   deadline = (boot-clock time when the grant or the last successful renewal was SENT) + TTL - margin
+// The clock is CLOCK_BOOTTIME (common/boot_clock.h): it counts a host suspension, as etcd does;
+// the monotonic clock would not, and the lease would look valid after a resume.
 // etcd measures expiry from when it *received* the request, which is later, so the server-side
 // expiry is never before sent + TTL; the margin absorbs clock-rate differences and etcd's own
 // lease-checking granularity. Default margin: max(TTL/5, 500 ms) (TTL 2 s -> 0.5 s, 10 s -> 2 s).
@@ -14,7 +16,9 @@
 // evidence arrives already past its own deadline, e.g. after a SIGSTOP); jeopardy -> active if a
 // later renewal succeeds in time; -> lost when etcd says the lease is gone (keepalive without
 // TTL). lost and stopped are final. valid() reads the clock itself, so a process resumed after a
-// pause sees the lease as invalid at once, before the keeper thread has even run.
+// pause (SIGSTOP, or a suspended host) sees the lease as invalid at once, before the keeper thread
+// has even run. The keeper thread waits at most kMaxBootClockWait at a time, so after a resume it
+// notices jeopardy and renews within that, not after the wait it had left before the suspension.
 //
 // Thread-safety: all public methods are thread-safe. The callback runs on the keeper thread and
 // must not call stop() or revoke().
@@ -30,6 +34,7 @@
 #include <string>
 #include <thread>
 
+#include "common/boot_clock.h"
 #include "election_client/etcd_client.h"
 #include "election_client/status.h"
 
@@ -37,7 +42,7 @@ namespace fencegate::election {
 
 class LeaseKeeper {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = BootClock;  // every deadline below: counts a suspended host
   enum class State { idle, active, jeopardy, lost, stopped };
   static const char* to_string(State s);
 
@@ -71,7 +76,7 @@ class LeaseKeeper {
   // Send time of the grant or the last successful renewal.
   Clock::time_point last_renewal_sent() const;
   State state() const;
-  // Returns true iff the state is active and now < deadline(). Reads the monotonic clock.
+  // Returns true iff the state is active and now < deadline(). Reads the boot clock.
   bool valid() const;
   std::uint64_t renewals() const { return renewals_.load(); }
 

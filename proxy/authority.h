@@ -19,7 +19,10 @@
 //   anything else (never seen, > latest) -> unknown_generation (409 rejected_unknown_generation)
 // Outage window = the leader lease's granted TTL, or grace_ms if smaller; 1 s while the TTL is
 // not known (no leader, a key without a lease, TTL lookup pending). Probes run every window/3
-// (at most every 50 ms, at least every second).
+// (at most every 50 ms, at least every second). The window is measured on CLOCK_BOOTTIME
+// (common/boot_clock.h): a host suspension counts, as it does at etcd, so after a resume the
+// leader's window is over rather than extended by the pause; the probe waits are at most a
+// second, so the first probe after a resume comes within one.
 //
 // Threads: each Authority runs one loop thread (ranges, TTL lookups, probes) and one etcd watch
 // thread. check() takes one mutex and reads the clock: no I/O, safe on I/O threads.
@@ -40,6 +43,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/boot_clock.h"
 #include "config/config.h"
 #include "election_client/etcd_client.h"
 #include "election_client/watch.h"
@@ -111,7 +115,7 @@ class ElectionView {
 
 class Authority {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = BootClock;  // the window since the last contact: counts a suspended host
   // Called (on the loop or watch thread, serialised, never under the state lock) when a leader
   // with a higher generation than any announced before appears. `leader_id` is the value the
   // leader campaigned with (may be empty).

@@ -20,23 +20,26 @@ using namespace fencegate::testing;
 
 namespace {
 
-// Records the keeper's state changes with their steady-clock times.
+// The keeper's deadlines are on the boot clock (common/boot_clock.h); times compared with them too.
+using KeeperClock = LeaseKeeper::Clock;
+
+// Records the keeper's state changes with their boot-clock times.
 struct Recorder {
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<std::pair<LeaseKeeper::State, Clock::time_point>> changes;
+  std::vector<std::pair<LeaseKeeper::State, KeeperClock::time_point>> changes;
 
   LeaseKeeper::Callback callback() {
     return [this](LeaseKeeper::State s, const std::string&) {
       std::lock_guard lk(mu);
-      changes.emplace_back(s, Clock::now());
+      changes.emplace_back(s, KeeperClock::now());
       cv.notify_all();
     };
   }
   // Time of the first change to `s`, waiting up to `timeout`.
-  std::optional<Clock::time_point> wait_for(LeaseKeeper::State s, std::chrono::milliseconds timeout) {
+  std::optional<KeeperClock::time_point> wait_for(LeaseKeeper::State s, std::chrono::milliseconds timeout) {
     std::unique_lock lk(mu);
-    std::optional<Clock::time_point> at;
+    std::optional<KeeperClock::time_point> at;
     cv.wait_for(lk, timeout, [&] {
       for (auto& [st, t] : changes)
         if (st == s) {
@@ -156,7 +159,7 @@ TEST_CASE("lease keeper: renews every TTL/3 and stays valid; margin is max(TTL/5
   o.client = client_options(etcd);
   o.ttl_seconds = 2;
   LeaseKeeper k(o, rec.callback());
-  const auto before = Clock::now();
+  const auto before = KeeperClock::now();
   Status st = k.start();
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   CHECK(k.ttl_seconds() == 2);
@@ -164,7 +167,7 @@ TEST_CASE("lease keeper: renews every TTL/3 and stays valid; margin is max(TTL/5
   CHECK(k.renew_every() == 666ms);
   // deadline = send time + TTL - margin
   CHECK(k.deadline() >= before + 1500ms);
-  CHECK(k.deadline() <= Clock::now() + 1500ms);
+  CHECK(k.deadline() <= KeeperClock::now() + 1500ms);
   CHECK(k.valid());
 
   const auto until = Clock::now() + 3s;
@@ -210,7 +213,7 @@ TEST_CASE("lease keeper: jeopardy when etcd stops answering, before the server-s
   REQUIRE(k.renewals() >= 1);
 
   etcd.pause();  // connections stay open, nothing answers
-  const auto paused_at = Clock::now();
+  const auto paused_at = KeeperClock::now();
   auto at = rec.wait_for(LeaseKeeper::State::jeopardy, 4s);
   etcd.resume();
   REQUIRE_MESSAGE(at.has_value(), "no jeopardy reported");
