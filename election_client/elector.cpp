@@ -12,10 +12,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string_view>
 
 #include "election_client/elect_signals.h"
@@ -24,6 +22,7 @@
 #include "election_client/guardian.h"
 #include "election_client/key_guard.h"
 #include "election_client/lease_keeper.h"
+#include "common/file_checks.h"
 #include "common/log.h"
 
 extern char** environ;
@@ -386,15 +385,26 @@ int Elect::run() {
 
 }  // namespace
 
-// A token file's token (surrounding whitespace trimmed); "" if it cannot be read or is empty.
-std::string read_token_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string t = ss.str();
+std::string load_token_file(const std::string& path, std::string* token) {
+  std::string t;
+  if (auto e = files::read_secret_file(path, &t); !e.empty()) return e;
   while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(0, 1);
-  return in ? t : std::string();
+  std::size_t lead = 0;
+  while (lead < t.size() && std::isspace(static_cast<unsigned char>(t[lead]))) ++lead;
+  t.erase(0, lead);
+  if (t.empty()) return path + " holds no token";
+  if (std::any_of(t.begin(), t.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+    return "the token in " + path + " has a control character inside (such as a CR or LF); it must be one line";
+  if (t.size() < files::kMinTokenBytes)
+    return "the token in " + path + " has " + std::to_string(t.size()) + " bytes; at least " +
+           std::to_string(files::kMinTokenBytes) + " are required";
+  *token = std::move(t);
+  return {};
+}
+
+std::string read_token_file(const std::string& path) {
+  std::string t;
+  return load_token_file(path, &t).empty() ? t : std::string();
 }
 
 std::string default_id() {
