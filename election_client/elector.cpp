@@ -303,8 +303,12 @@ int Elect::run() {
     KeyGuard guard(client_options(), client_, lk, std::min<milliseconds>(1000ms, milliseconds(f_.ttl * 1000 / 3)));
 
     // --- 3. Activation barrier: every fence has durably advanced to `token`.
-    if (!f_.fence_token_file.empty()) {  // rotated since the last term? (kept if unreadable now)
-      if (std::string t = read_token_file(f_.fence_token_file); !t.empty() && t != f_.fence_token) {
+    if (!f_.fence_token_file.empty()) {  // rotated since the last term? (kept if unreadable or refused now)
+      std::string t;
+      if (std::string e = load_token_file(f_.fence_token_file, &t); !e.empty()) {
+        log::warn("the fence token file cannot be used now; keeping the token read before",
+                  {log::kv("file", f_.fence_token_file), log::kv("error", e)});
+      } else if (t != f_.fence_token) {
         f_.fence_token = std::move(t);
         log::info("re-read the fence token file: the token changed", {log::kv("file", f_.fence_token_file)});
       }

@@ -21,7 +21,8 @@ namespace {
 // take bits away, and one that takes the owner's is undone by the fchmod). O_NOFOLLOW: a symbolic
 // link planted at the name fails with ELOOP instead of creating or opening the file it names.
 // SQLite creates the -wal and -shm files with the database file's mode (and opens them with
-// O_NOFOLLOW itself), so a database created here keeps all four files 0600.
+// O_NOFOLLOW itself), so a database created here keeps all four files 0600. An existing file
+// owned by another user fails with EPERM.
 int open_private(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd >= 0) {
@@ -35,7 +36,15 @@ int open_private(const std::string& path) {
     return fd;
   }
   if (errno != EEXIST) return -1;
-  return ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  // Another user's file: refused here too, on the descriptor (no race with the check at start).
+  struct stat st {};
+  if (fd >= 0 && (::fstat(fd, &st) != 0 || st.st_uid != ::geteuid())) {
+    ::close(fd);
+    errno = EPERM;
+    return -1;
+  }
+  return fd;
 }
 
 constexpr int kBusyTimeoutMs = 5000;

@@ -15,6 +15,7 @@
 // tests/fault/README.md, "Hostile input").
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <fstream>
