@@ -65,7 +65,8 @@ constexpr const char* kElectUsage =
     "  --ttl SECONDS            lease TTL, 2..3600 (default 10); renewals every TTL/3\n"
     "  --fence URL              a fencegate admin resource URL, e.g.\n"
     "                           http://127.0.0.1:9901/v1/resources/ledger (repeatable)\n"
-    "  --fence-token-file PATH  bearer token for the fence admin APIs\n"
+    "  --fence-token-file PATH  bearer token for the fence admin APIs (mode 0600 or 0400, at\n"
+    "                           least 16 bytes, no control characters; docs/security.md)\n"
     "  --fence-timeout-ms MS    how long to wait for each fence, retrying while it is unreachable or 5xx\n"
     "                           (100..3600000, default 30000: above the sidecars' default drain timeout)\n"
     "  --recampaign             after losing leadership or a failed barrier, campaign again\n"
@@ -190,8 +191,8 @@ int run_elect(const std::vector<std::string>& args) {
   if (log::Level lvl; log::parse_level(level, &lvl)) log::set_level(lvl);
   else errors.push_back("--log-level: must be one of debug, info, warn, error (got \"" + level + "\")");
   if (!token_file.empty()) {
-    f.fence_token = election::read_token_file(token_file);
-    if (f.fence_token.empty()) errors.push_back("--fence-token-file: cannot read a token from \"" + token_file + "\"");
+    if (auto e = election::load_token_file(token_file, &f.fence_token); !e.empty())
+      errors.push_back("--fence-token-file: " + e);
     f.fence_token_file = token_file;
   }
   if (!errors.empty()) return usage_error("elect", errors);

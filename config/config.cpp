@@ -326,7 +326,8 @@ const SectionField kSectionFieldRows[] = {
        c.admin.token_file = v;
        return {};
      },
-     [](const Config&) -> std::string { return "none"; }, "FILE", "admin API bearer token, trimmed; re-read on reload"},
+     [](const Config&) -> std::string { return "none"; }, "FILE",
+     "admin API bearer token (16+ bytes; file mode 0600 or stricter), trimmed; re-read on reload"},
     {"audit.max_age", JsonKind::duration,
      [](Config& c, std::string_view v) { return parse_duration(v, c.audit.max_age); },
      [](const Config& c) { return format_duration(c.audit.max_age); }, "AGE",

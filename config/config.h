@@ -93,13 +93,15 @@ struct Config {
   struct Admin {
     Endpoint listen{"127.0.0.1", 9901};
     std::string token_file;  // path; "" = no token (only allowed on a loopback bind)
-    std::string token;       // read from token_file at load (trimmed, non-empty), never logged
+    std::string token;       // read from token_file at load (trimmed, >= 16 bytes), never logged
   } admin;
 
-  // Audit retention, pruned in the background. 0 = unlimited.
+  // Audit retention, pruned in the background (off the request path). 0 = unlimited. Limited by
+  // default: every refusal writes a row, so an unbounded log would let a flood fill the disk
+  // (docs/security.md).
   struct Audit {
-    std::chrono::seconds max_age{0};
-    std::uint64_t max_rows = 0;
+    std::chrono::seconds max_age{std::chrono::hours(24 * 90)};
+    std::uint64_t max_rows = 10'000'000;
   } audit;
 
   // Where the config came from (for reload and messages); empty for flag-only.

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/file_checks.h"
 #include "config/config.h"
 #include "config/fields.h"
 #include "config/router.h"
@@ -65,8 +66,9 @@ void validate(Config& c, std::vector<std::string>& errors) {
     // The token itself never appears in a message.
     std::string text;
     c.admin.token.clear();
-    if (std::string err = read_file(c.admin.token_file, text); !err.empty()) {
-      errors.push_back("admin.token_file: cannot read " + c.admin.token_file + ": " + err);
+    // Only its owner may read or write it (docs/security.md); the message names the file and mode.
+    if (std::string err = files::read_secret_file(c.admin.token_file, &text); !err.empty()) {
+      errors.push_back("admin.token_file: " + err);
     } else {
       const char* ws = " \t\r\n\f\v";
       std::size_t b = text.find_first_not_of(ws);
@@ -81,6 +83,10 @@ void validate(Config& c, std::vector<std::string>& errors) {
       } else if (!clean) {
         errors.push_back("admin.token_file: " + c.admin.token_file +
                          " must hold a single token (it has whitespace or control characters inside)");
+      } else if (token.size() < files::kMinTokenBytes) {
+        errors.push_back("admin.token_file: the token in " + c.admin.token_file + " has " +
+                         std::to_string(token.size()) + " bytes; at least " + std::to_string(files::kMinTokenBytes) +
+                         " are required (e.g. openssl rand -hex 32)");
       } else {
         c.admin.token = std::move(token);
       }
@@ -113,6 +119,11 @@ void validate(Config& c, std::vector<std::string>& errors) {
   }
   if (!c.db.empty() && (c.db.front() == ' ' || c.db.back() == ' ')) {
     errors.push_back("db: must not start or end with a space (got " + quote(c.db) + ")");
+  } else if (!c.db.empty()) {
+    // Another local user must not be able to read, replace or plant files beside the store
+    // (docs/security.md); the store checks this again when it opens.
+    std::string real;
+    if (auto e = files::check_db_location(c.db, &real); !e.empty()) errors.push_back("db: " + e);
   }
   if (c.threads == 0) c.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (const NumField& f : kNumFields) {

@@ -12,10 +12,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string_view>
 #include <type_traits>
 
@@ -25,6 +23,7 @@
 #include "election_client/guardian.h"
 #include "election_client/key_guard.h"
 #include "election_client/lease_keeper.h"
+#include "common/file_checks.h"
 #include "common/log.h"
 
 extern char** environ;
@@ -308,8 +307,12 @@ int Elect::run() {
     KeyGuard guard(client_options(), client_, lk, std::min<milliseconds>(1000ms, milliseconds(f_.ttl * 1000 / 3)));
 
     // --- 3. Activation barrier: every fence has durably advanced to `token`.
-    if (!f_.fence_token_file.empty()) {  // rotated since the last term? (kept if unreadable now)
-      if (std::string t = read_token_file(f_.fence_token_file); !t.empty() && t != f_.fence_token) {
+    if (!f_.fence_token_file.empty()) {  // rotated since the last term? (kept if unreadable or refused now)
+      std::string t;
+      if (std::string e = load_token_file(f_.fence_token_file, &t); !e.empty()) {
+        log::warn("the fence token file cannot be used now; keeping the token read before",
+                  {log::kv("file", f_.fence_token_file), log::kv("error", e)});
+      } else if (t != f_.fence_token) {
         f_.fence_token = std::move(t);
         log::info("re-read the fence token file: the token changed", {log::kv("file", f_.fence_token_file)});
       }
@@ -390,15 +393,26 @@ int Elect::run() {
 
 }  // namespace
 
-// A token file's token (surrounding whitespace trimmed); "" if it cannot be read or is empty.
-std::string read_token_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string t = ss.str();
+std::string load_token_file(const std::string& path, std::string* token) {
+  std::string t;
+  if (auto e = files::read_secret_file(path, &t); !e.empty()) return e;
   while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(0, 1);
-  return in ? t : std::string();
+  std::size_t lead = 0;
+  while (lead < t.size() && std::isspace(static_cast<unsigned char>(t[lead]))) ++lead;
+  t.erase(0, lead);
+  if (t.empty()) return path + " holds no token";
+  if (std::any_of(t.begin(), t.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
+    return "the token in " + path + " has a control character inside (such as a CR or LF); it must be one line";
+  if (t.size() < files::kMinTokenBytes)
+    return "the token in " + path + " has " + std::to_string(t.size()) + " bytes; at least " +
+           std::to_string(files::kMinTokenBytes) + " are required";
+  *token = std::move(t);
+  return {};
+}
+
+std::string read_token_file(const std::string& path) {
+  std::string t;
+  return load_token_file(path, &t).empty() ? t : std::string();
 }
 
 std::string default_id() {

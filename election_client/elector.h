@@ -59,7 +59,15 @@ struct ElectOptions {
 // at start.
 int run_elect(ElectOptions options);
 
-// A token file's token (surrounding whitespace trimmed); "" if it cannot be read or is empty.
+// Reads the fence token file: the token is the file's text with surrounding whitespace trimmed.
+// Refused (docs/security.md): a file group or others may read or write (mode & 077), a token
+// shorter than 16 bytes, and a token with a control byte inside (a CR or LF would go into the
+// Authorization header). Returns "" with *token set, or the reason (naming the file, never the
+// token).
+std::string load_token_file(const std::string& path, std::string* token);
+
+// load_token_file's token; "" if it is refused or cannot be read (for the re-read before each
+// barrier, which keeps the token it has).
 std::string read_token_file(const std::string& path);
 
 // The default leader identity: hostname:pid.

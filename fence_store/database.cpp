@@ -17,6 +17,36 @@
 namespace fencegate::store::detail {
 namespace {
 
+// Opens `path` read-write, creating it owner-only: mode 0600 whatever the umask (a umask can only
+// take bits away, and one that takes the owner's is undone by the fchmod). O_NOFOLLOW: a symbolic
+// link planted at the name fails with ELOOP instead of creating or opening the file it names.
+// SQLite creates the -wal and -shm files with the database file's mode (and opens them with
+// O_NOFOLLOW itself), so a database created here keeps all four files 0600. An existing file
+// owned by another user fails with EPERM.
+int open_private(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    if (::fchmod(fd, 0600) != 0) {
+      int e = errno;
+      ::close(fd);
+      ::unlink(path.c_str());
+      errno = e;
+      return -1;
+    }
+    return fd;
+  }
+  if (errno != EEXIST) return -1;
+  fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  // Another user's file: refused here too, on the descriptor (no race with the check at start).
+  struct stat st {};
+  if (fd >= 0 && (::fstat(fd, &st) != 0 || st.st_uid != ::geteuid())) {
+    ::close(fd);
+    errno = EPERM;
+    return -1;
+  }
+  return fd;
+}
+
 constexpr int kBusyTimeoutMs = 5000;
 
 std::string parent_dir(const std::string& path) {
@@ -178,11 +208,14 @@ std::string owned_name(const std::string& path, std::string* out) {
 // fd with *db_fd set, or -1 with *error set.
 int take_lock(const std::string& path, std::string* error, int* db_fd) {
   const std::string lock_path = path + ".lock";
-  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = open_private(lock_path);
   if (fd < 0) {
     int e = errno;
     std::string dir = parent_dir(path);
     if (e == ENOENT && !is_dir(dir)) *error = "cannot open database " + path + ": directory " + dir + " does not exist";
+    else if (e == ELOOP)
+      *error = "cannot open database " + path + ": lock file " + lock_path +
+               " is a symbolic link; fencegate does not open the files beside the database through a link";
     else *error = "cannot open database " + path + ": cannot create lock file " + lock_path + ": " + std::strerror(e);
     return -1;
   }
@@ -199,7 +232,7 @@ int take_lock(const std::string& path, std::string* error, int* db_fd) {
   // flock(2) is independent of SQLite's POSIX locks, and readers (the sqlite3 CLI, fencegate
   // audit) do not take it. This descriptor is closed only after SQLite's connections are: closing
   // any descriptor of the file drops the process's POSIX locks on it.
-  *db_fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  *db_fd = open_private(path);
   if (*db_fd < 0) {
     int e = errno;
     ::close(fd);

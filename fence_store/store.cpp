@@ -4,6 +4,7 @@
 #include "fence_store/store.h"
 #include "fence_store/store_testing.h"
 #include "fence_store/database.h"
+#include "common/file_checks.h"
 
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -739,6 +740,16 @@ std::unique_ptr<Store> Store::open(const std::string& given, std::string* error)
   if (auto e = owned_name(given, &path); !e.empty()) {
     *error = e;
     return nullptr;
+  }
+  // Another local user must not be able to read, replace or plant files beside the database
+  // (docs/security.md). `fencegate serve` checks this in its configuration too (exit 2); this is
+  // the store's own guard for every other caller.
+  {
+    std::string real;
+    if (auto e = files::check_db_location(given, &real); !e.empty()) {
+      *error = e;
+      return nullptr;
+    }
   }
   // A log without its database holds commits of a database that is gone (deleted while running,
   // or a bad restore): SQLite would discard it and start an empty fence, generation 0 everywhere.

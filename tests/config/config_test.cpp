@@ -1,6 +1,7 @@
 // Config loading: what an operator sees from `fencegate serve` flags, FENCEGATE_* env and JSON files.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@ class TempFile {
     static std::atomic<int> n{0};
     path_ = "/tmp/fencegate_config_test_" + std::to_string(::getpid()) + "_" + std::to_string(n++) + ".json";
     std::ofstream(path_) << text;
+    ::chmod(path_.c_str(), 0600);  // a token file must be its owner's only
   }
   ~TempFile() { std::remove(path_.c_str()); }
   const std::string& path() const { return path_; }
@@ -618,18 +620,32 @@ TEST_CASE("serve_usage documents every flag, its env variable and default") {
 
 // --- admin listener, audit retention, port 0, reload ---
 
-TEST_CASE("admin and audit defaults: loopback admin without a token, unlimited retention") {
+TEST_CASE("admin and audit defaults: loopback admin without a token, retention 90d and 10,000,000 rows") {
   auto r = load_json(kMinimal);
   REQUIRE_MESSAGE(r.config, joined(r.errors));
   CHECK(r.config->admin.listen.to_string() == "127.0.0.1:9901");
   CHECK(r.config->admin.token_file.empty());
   CHECK(r.config->admin.token.empty());
-  CHECK(r.config->audit.max_age.count() == 0);
-  CHECK(r.config->audit.max_rows == 0);
+  // Limited by default (issue 32, finding 7): a flood of refusals must not fill the disk.
+  CHECK(r.config->audit.max_age == std::chrono::hours(24 * 90));
+  CHECK(r.config->audit.max_rows == 10000000);
+  auto flags = load_serve({"--upstream", "http://h:1"}, empty_env);
+  REQUIRE_MESSAGE(flags.config, joined(flags.errors));
+  CHECK(flags.config->audit.max_age == std::chrono::hours(24 * 90));
+  CHECK(flags.config->audit.max_rows == 10000000);
+  // 0 still means keep everything.
+  auto zero = load_json(R"({"audit": {"max_age": "0", "max_rows": 0}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  REQUIRE_MESSAGE(zero.config, joined(zero.errors));
+  CHECK(zero.config->audit.max_age.count() == 0);
+  CHECK(zero.config->audit.max_rows == 0);
+  // serve --help shows the defaults.
+  const std::string u = serve_usage();
+  CHECK(u.find("(default 90d)") != std::string::npos);
+  CHECK(u.find("(default 10000000)") != std::string::npos);
 }
 
 TEST_CASE("JSON admin and audit objects are read; the token file is read and trimmed") {
-  TempFile token("  s3cr3t-Tok3n\n\n");
+  TempFile token("  s3cr3t-Tok3n-0123456789\n\n");
   auto r = load_json(R"({"admin": {"listen": "0.0.0.0:9999", "token_file": ")" + token.path() + R"("},
                          "audit": {"max_age": "30d", "max_rows": 1000000},
                          "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
@@ -637,7 +653,7 @@ TEST_CASE("JSON admin and audit objects are read; the token file is read and tri
   const Config& c = *r.config;
   CHECK(c.admin.listen.to_string() == "0.0.0.0:9999");
   CHECK(c.admin.token_file == token.path());
-  CHECK(c.admin.token == "s3cr3t-Tok3n");
+  CHECK(c.admin.token == "s3cr3t-Tok3n-0123456789");
   CHECK(c.audit.max_age == std::chrono::hours(24 * 30));
   CHECK(c.audit.max_rows == 1000000);
 }
@@ -674,18 +690,18 @@ TEST_CASE("a non-loopback admin listener requires a token file") {
                         "requires FENCEGATE_ADMIN_TOKEN_FILE"});
 
   // With a token file from any source it loads.
-  TempFile token("tok\n");
+  TempFile token("tok-0123456789abcdef\n");
   auto ok = load_serve({"--upstream", "http://h:1", "--admin-listen=0.0.0.0:9901", "--admin-token-file",
                         token.path()},
                        empty_env);
   REQUIRE_MESSAGE(ok.config, joined(ok.errors));
-  CHECK(ok.config->admin.token == "tok");
+  CHECK(ok.config->admin.token == "tok-0123456789abcdef");
   g_env = {{"FENCEGATE_UPSTREAM", "http://h:1"}, {"FENCEGATE_ADMIN_LISTEN", "0.0.0.0:9901"},
            {"FENCEGATE_ADMIN_TOKEN_FILE", token.path()}};
   auto ok_env = load_serve({}, fake_env);
   g_env.clear();
   REQUIRE_MESSAGE(ok_env.config, joined(ok_env.errors));
-  CHECK(ok_env.config->admin.token == "tok");
+  CHECK(ok_env.config->admin.token == "tok-0123456789abcdef");
   CHECK(ok_env.config->admin.token_file == token.path());
 
   // A Config built in code may carry the token directly.
@@ -736,6 +752,125 @@ TEST_CASE("token file problems name the file and never the token") {
                            "--admin-token-file: cannot read /nonexistent/t: No such file or directory"});
   CHECK(has_error(load_serve({"--upstream", "http://h:1", "--admin-token-file="}, empty_env),
                   "--admin-token-file: missing value"));
+}
+
+TEST_CASE("admin token file: refused when group or others may read or write it, or under 16 bytes") {
+  auto with_token_file = [](const std::string& path) {
+    return load_json(R"({"admin": {"token_file": ")" + path +
+                     R"("}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  };
+  TempFile token("0123456789abcdef\n");  // 16 bytes: the shortest accepted
+  auto ok = with_token_file(token.path());
+  REQUIRE_MESSAGE(ok.config, joined(ok.errors));
+  CHECK(ok.config->admin.token == "0123456789abcdef");
+  ::chmod(token.path().c_str(), 0400);
+  CHECK_MESSAGE(with_token_file(token.path()).config, "0400 is the owner's only");
+
+  // Any group or other bit: refused, naming the file and its mode, never the token.
+  for (auto [mode, shown] : {std::pair{0644, "0644"}, {0640, "0640"}, {0604, "0604"}, {0620, "0620"}, {0602, "0602"},
+                             {0666, "0666"}}) {
+    ::chmod(token.path().c_str(), static_cast<mode_t>(mode));
+    auto r = with_token_file(token.path());
+    CHECK_FALSE(r.config);
+    CHECK_MESSAGE(r.errors == std::vector<std::string>{"admin.token_file: " + token.path() + " has mode " + shown +
+                                                       ": group or others may read or write it (chmod 600 " +
+                                                       token.path() + ")"},
+                  joined(r.errors));
+  }
+  ::chmod(token.path().c_str(), 0644);
+  auto flag = load_serve({"--upstream", "http://h:1", "--admin-token-file", token.path()}, empty_env);
+  CHECK(has_error(flag, "--admin-token-file: " + token.path() + " has mode 0644: group or others may read or write it (chmod 600 " +
+                            token.path() + ")"));
+
+  TempFile short_token("  0123456789abcde\n");  // 15 bytes after trimming
+  auto s15 = with_token_file(short_token.path());
+  CHECK_FALSE(s15.config);
+  CHECK(s15.errors == std::vector<std::string>{"admin.token_file: the token in " + short_token.path() +
+                                               " has 15 bytes; at least 16 are required (e.g. openssl rand -hex 32)"});
+  TempFile one("x");
+  CHECK(has_error(with_token_file(one.path()),
+                  "admin.token_file: the token in " + one.path() + " has 1 bytes; at least 16 are required (e.g. openssl rand -hex 32)"));
+}
+
+namespace {
+// A directory of its own under /tmp, removed with what is in it.
+struct DbDir {
+  std::string path;
+  DbDir() {
+    char tmpl[] = "/tmp/fencegate_config_db_XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~DbDir() { std::system(("rm -rf '" + path + "'").c_str()); }
+};
+LoadResult with_db(const std::string& db) {
+  return load_json(R"({"db": ")" + db + R"(", "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+}
+}  // namespace
+
+TEST_CASE("db: a directory other users may write to without the sticky bit is refused (StrictModes)") {
+  DbDir d;
+  const std::string db = d.path + "/fence.db";
+  CHECK_MESSAGE(with_db(db).config, "a mkdtemp directory (0700) is fine");
+  ::chmod(d.path.c_str(), 0755);
+  CHECK(with_db(db).config);
+  CHECK(with_db("/tmp/fencegate_config_test_not_there.db").config);  // /tmp: world-writable but sticky
+
+  for (auto [mode, shown] : {std::pair{0777, "0777"}, {0775, "0775"}, {0757, "0757"}}) {
+    ::chmod(d.path.c_str(), static_cast<mode_t>(mode));
+    auto r = with_db(db);
+    CHECK_FALSE(r.config);
+    CHECK_MESSAGE(r.errors == std::vector<std::string>{"db: database " + db + ": its directory " + d.path + " has mode " +
+                                                       shown +
+                                                       ": other users may write to it (group or others, without the "
+                                                       "sticky bit) and could replace the database or plant links "
+                                                       "beside it (chmod go-w " +
+                                                       d.path + ")"},
+                  joined(r.errors));
+  }
+  ::chmod(d.path.c_str(), 01777);  // sticky: others cannot remove or rename what is not theirs
+  CHECK(with_db(db).config);
+
+  // A link the operator made is resolved first: the checks apply to the real directory.
+  ::chmod(d.path.c_str(), 0700);
+  DbDir other;
+  ::chmod(other.path.c_str(), 0777);
+  std::ofstream(other.path + "/fence.db").flush();
+  REQUIRE(::symlink((other.path + "/fence.db").c_str(), db.c_str()) == 0);
+  auto linked = with_db(db);
+  CHECK_FALSE(linked.config);
+  CHECK(has_error_starting(linked, "db: database " + db + " (" + other.path + "/fence.db): its directory " +
+                                       other.path + " has mode 0777"));
+  ::chmod(other.path.c_str(), 0700);
+  CHECK(with_db(db).config);
+}
+
+TEST_CASE("db: a database file, or a file beside it, owned by another user is refused") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: needs root to give a file to another user");
+    return;
+  }
+  DbDir d;
+  const std::string db = d.path + "/fence.db";
+  std::ofstream(db).flush();
+  CHECK(with_db(db).config);
+  REQUIRE(::chown(db.c_str(), 65534, 65534) == 0);
+  auto r = with_db(db);
+  CHECK_FALSE(r.config);
+  CHECK(r.errors == std::vector<std::string>{"db: database " + db +
+                                             " is owned by uid 65534, not by the user fencegate runs as (uid 0): that "
+                                             "user could read or change the fence"});
+  REQUIRE(::chown(db.c_str(), 0, 0) == 0);
+  std::ofstream(db + ".lock").flush();
+  REQUIRE(::chown((db + ".lock").c_str(), 65534, 65534) == 0);
+  CHECK(has_error(with_db(db), "db: database " + db + ": " + db +
+                                   ".lock is owned by uid 65534, not by the user fencegate runs as (uid 0): that "
+                                   "user could read or change the fence"));
+  ::unlink((db + ".lock").c_str());
+  REQUIRE(::symlink("/etc/passwd", (db + "-wal").c_str()) == 0);
+  CHECK(has_error(with_db(db), "db: database " + db + ": " + db +
+                                   "-wal is a symbolic link; fencegate does not create or open the files beside the "
+                                   "database through a link (remove it)"));
 }
 
 TEST_CASE("audit.max_age: integer + s|m|h|d, or 0 for unlimited") {

@@ -5,13 +5,16 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "election_client/elector.h"
 #include "tests/election/etcd_harness.h"
 #include "tests/support/net_util.h"
 #include "tests/support/http_client.h"
@@ -87,6 +90,60 @@ TEST_CASE("elect/leader: bad flags exit 2 with a message; --help exits 0") {
   r = run_command({kFencegate, "elect", "--etcd", dead, "--election", "x", "--", "true"}, 20s);
   CHECK(r.code() == 1);
   CHECK(r.err.find("could not grant a lease") != std::string::npos);
+}
+
+TEST_CASE("elect --fence-token-file: refused when group or others may read it, under 16 bytes, or with a control byte") {
+  TempDir dir("fencegate-elect-token");
+  const std::string tf = dir.file("admin.token");
+  auto write = [&](const std::string& text, mode_t mode) {
+    { std::ofstream(tf, std::ios::trunc) << text; }
+    REQUIRE(::chmod(tf.c_str(), mode) == 0);
+  };
+  const std::string dead = "http://127.0.0.1:" + std::to_string(free_port());
+  auto elect = [&] {
+    return run_command({kFencegate, "elect", "--etcd", dead, "--election", "x", "--fence-token-file", tf, "--", "true"},
+                       20s);
+  };
+  // Accepted: on to etcd, which is not there (exit 1, not 2).
+  write("  0123456789abcdef\n", 0600);
+  auto r = elect();
+  CHECK_MESSAGE(r.code() == 1, r.err);
+  CHECK(r.err.find("could not grant a lease") != std::string::npos);
+  std::string token;
+  CHECK(fencegate::election::load_token_file(tf, &token).empty());
+  CHECK(token == "0123456789abcdef");
+
+  write("0123456789abcdef\n", 0644);
+  r = elect();
+  CHECK(r.code() == 2);
+  CHECK_MESSAGE(r.err.find("--fence-token-file: " + tf + " has mode 0644: group or others may read or write it") !=
+                    std::string::npos,
+                r.err);
+  write("0123456789abcdef\n", 0620);
+  CHECK(elect().code() == 2);
+
+  write("0123456789abcde\n", 0600);  // 15 bytes
+  r = elect();
+  CHECK(r.code() == 2);
+  CHECK_MESSAGE(r.err.find("--fence-token-file: the token in " + tf + " has 15 bytes; at least 16 are required") !=
+                    std::string::npos,
+                r.err);
+
+  // A CR or LF inside would go into the Authorization header of the fence request.
+  for (const std::string& inner : {std::string("01234567\r\n89abcdef"), std::string("01234567\n89abcdefgh"),
+                                   std::string("01234567\r89abcdefgh"), std::string("0123456789abcdef\x01x"),
+                                   std::string("0123456789abcdef\x7fx")}) {
+    CAPTURE(inner);
+    write(inner + "\n", 0600);
+    r = elect();
+    CHECK(r.code() == 2);
+    CHECK_MESSAGE(r.err.find("--fence-token-file: the token in " + tf + " has a control character inside") !=
+                      std::string::npos,
+                  r.err);
+    CHECK(r.err.find("01234567") == std::string::npos);  // the token is never shown
+    CHECK_FALSE(fencegate::election::load_token_file(tf, &token).empty());
+    CHECK(fencegate::election::read_token_file(tf).empty());  // the re-read before a barrier keeps the old one
+  }
 }
 
 TEST_CASE("elect: the command gets the token in its environment; its exit status is elect's; leader prints it") {

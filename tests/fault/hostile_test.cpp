@@ -15,6 +15,7 @@
 // tests/fault/README.md, "Hostile input").
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <fstream>
@@ -1211,6 +1212,7 @@ TEST_CASE("hostile: admin API bound off loopback: nothing but healthz/readyz wit
   TempDir t("fencegate-hostile-admin");
   const std::string secret = "Zq8-hostile-admin-token";
   write_file(t.file("admin.token"), secret + "\n");
+  ::chmod(t.file("admin.token").c_str(), 0600);  // group or others may not read it
   json cfg = config_with_routes({route("/", up.url(), "default")});
   cfg["admin"] = {{"listen", "0.0.0.0:0"}, {"token_file", t.file("admin.token")}};
   Proxy px(config_spec(cfg));

@@ -7,7 +7,10 @@
 #include <doctest/doctest.h>
 #include <poll.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -311,6 +314,100 @@ TEST_CASE("open errors are sentences naming the path") {
   if (::access(t.db().c_str(), W_OK) != 0) {  // root can write anyway; then there is nothing to test
     CHECK(Store::open(t.db(), &err) == nullptr);
     CHECK(err == "cannot open database " + t.db() + " for writing: the file is not writable by this process");
+  }
+}
+
+// --- Files (issue 32, findings 4 and 10): owner-only modes, no links, a safe directory ---
+
+namespace {
+unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  REQUIRE_MESSAGE(::stat(path.c_str(), &st) == 0, path);
+  return st.st_mode & 07777;
+}
+}  // namespace
+
+TEST_CASE("the database, its -wal, -shm and lock file are created 0600 whatever the umask") {
+  for (mode_t mask : {mode_t{0}, mode_t{022}, mode_t{0277}}) {
+    INFO("umask " << std::oct << mask);
+    TempDir t;
+    const mode_t old = ::umask(mask);
+    auto s = must_open(t.db());
+    ::umask(old);
+    REQUIRE(advance_sync(*s, "r", 1, "L").ok());
+    REQUIRE(audit_sync(*s, row("r", "accepted")).ok());
+    for (const char* suffix : {"", "-wal", "-shm", ".lock"}) CHECK_MESSAGE(mode_of(t.db() + suffix) == 0600, suffix);
+  }
+}
+
+TEST_CASE("another user can open none of the store's files (and so cannot flock them)") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: needs root to run a child as another user");
+    return;
+  }
+  TempDir t;
+  ::chmod(t.dir.c_str(), 0755);  // others may enter the directory (but not write to it)
+  const mode_t old = ::umask(0);
+  auto s = must_open(t.db());
+  ::umask(old);
+  REQUIRE(audit_sync(*s, row("r", "accepted")).ok());
+  auto opened_by_nobody = [&](const std::string& path) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+      int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) ::_exit(errno == EACCES ? 0 : 4);
+      ::_exit(::flock(fd, LOCK_EX | LOCK_NB) == 0 ? 1 : 2);  // 1: it could have blocked fencegate's start
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  for (const char* suffix : {"", "-wal", "-shm", ".lock"}) CHECK_MESSAGE(opened_by_nobody(t.db() + suffix) == 0, suffix);
+  s.reset();  // a stopped sidecar: its lock file stays, for anyone who could open and flock it
+  CHECK(opened_by_nobody(t.db() + ".lock") == 0);
+  CHECK(must_open(t.db()) != nullptr);
+}
+
+TEST_CASE("a symbolic link planted at the lock, -wal or -shm name is refused and what it names is not created") {
+  for (const char* suffix : {".lock", "-wal", "-shm"}) {
+    INFO(suffix);
+    for (bool existing : {false, true}) {
+      TempDir t;
+      if (existing) must_open(t.db());
+      const std::string target = t.dir + "/attacker-chosen";
+      fs::remove(t.db() + suffix);  // a stopped sidecar's lock file stays; the attacker replaces it
+      fs::create_symlink(target, t.db() + suffix);
+      std::string err;
+      CHECK(Store::open(t.db(), &err) == nullptr);
+      CHECK(err == "database " + t.db() + ": " + t.db() + suffix +
+                       " is a symbolic link; fencegate does not create or open the files beside the database through "
+                       "a link (remove it)");
+      CHECK_FALSE(fs::exists(fs::symlink_status(target)));
+      fs::remove(t.db() + suffix);
+      CHECK(must_open(t.db()) != nullptr);
+    }
+  }
+}
+
+TEST_CASE("a database in a directory others may write to, or owned by another user, is refused") {
+  TempDir t;
+  ::chmod(t.dir.c_str(), 0777);
+  std::string err;
+  CHECK(Store::open(t.db(), &err) == nullptr);
+  CHECK(err.rfind("database " + t.db() + ": its directory " + t.dir + " has mode 0777: other users may write to it", 0) ==
+        0);
+  CHECK_FALSE(fs::exists(t.db()));
+  CHECK_FALSE(fs::exists(t.db() + ".lock"));
+  ::chmod(t.dir.c_str(), 01777);  // sticky, as /tmp: allowed
+  must_open(t.db());
+  ::chmod(t.dir.c_str(), 0700);
+  if (::geteuid() == 0) {
+    REQUIRE(::chown(t.db().c_str(), 65534, 65534) == 0);
+    CHECK(Store::open(t.db(), &err) == nullptr);
+    CHECK(err == "database " + t.db() +
+                     " is owned by uid 65534, not by the user fencegate runs as (uid 0): that user could read or "
+                     "change the fence");
   }
 }
 
@@ -754,6 +851,20 @@ TEST_CASE("retention: max_age deletes old rows, also when idle") {
   REQUIRE(audit_sync(*s, row("r", "new")).ok());
   REQUIRE(eventually([&] { return all_audit(*s).size() == 3; }));
   for (const auto& r : all_audit(*s)) CHECK(r.row.decision == "new");
+}
+
+TEST_CASE("retention: the default limits (90d, as serve configures them) prune older rows and keep newer ones") {
+  TempDir t;
+  auto s = must_open(t.db());
+  const std::int64_t day = 86'400'000;
+  const std::int64_t now = wall_ms();
+  for (int i = 0; i < 20; ++i) s->append_audit(row("r", "older_than_90d", "", now - 91 * day), {});
+  for (int i = 0; i < 5; ++i) s->append_audit(row("r", "younger_than_90d", "", now - 89 * day), {});
+  REQUIRE(audit_sync(*s, row("r", "fresh")).ok());
+  s->set_retention(90 * day, 10'000'000);  // config::Config{}.audit: 90d and 10,000,000 rows
+  REQUIRE(eventually([&] { return all_audit(*s, Q().dec("older_than_90d")).empty(); }));
+  CHECK(all_audit(*s, Q().dec("younger_than_90d")).size() == 5);
+  CHECK(all_audit(*s).size() == 6);
 }
 
 TEST_CASE("retention: a big prune runs in chunks and a queued advance does not wait for all of it") {

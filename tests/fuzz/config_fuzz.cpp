@@ -36,6 +36,7 @@ void write(const char* name, const char* text) {
   if (f == nullptr) std::abort();
   std::fputs(text, f);
   std::fclose(f);
+  chmod(path.c_str(), 0600);  // else every token file is refused for its mode before it is read
 }
 
 // True iff every "token_file" string in the document is a harmless path (see above).

@@ -688,8 +688,9 @@ TEST_CASE("admin: a non-loopback admin bind without a token file refuses to star
 TEST_CASE("admin: with a token file every endpoint but healthz/readyz needs the bearer token") {
   RecordingUpstream up;
   TempDir t("fencegate-admin-token");
-  const std::string secret = "s3cret-Token_42";
+  const std::string secret = "s3cret-Token_42-admin";
   write_file(t.file("admin.token"), secret + "\n");
+  ::chmod(t.file("admin.token").c_str(), 0600);  // group or others may not read it
   ProxySpec s;
   s.upstream = up.url();
   s.args = {"--admin-listen", "0.0.0.0:0", "--admin-token-file", t.file("admin.token")};
@@ -1001,7 +1002,8 @@ TEST_CASE("admin: a reload re-reads the token file (rotation)") {
   RecordingUpstream up;
   TempDir t("fencegate-admin-token");
   const std::string tf = t.file("admin.token");
-  write_file(tf, "first-token\n");
+  write_file(tf, "first-token-0123456789\n");
+  ::chmod(tf.c_str(), 0600);  // group or others may not read it
   json cfg = config_with_routes({route("/", up.url(), "ledger")});
   cfg["admin"] = {{"listen", "127.0.0.1:0"}, {"token_file", tf}};
   Proxy p(config_spec(cfg));
@@ -1010,13 +1012,13 @@ TEST_CASE("admin: a reload re-reads the token file (rotation)") {
   FG_ADMIN_PORT(admin, p);
 
   CHECK(admin_get(admin, "/").code() == 401);
-  CHECK(admin_get(admin, "/", bearer("first-token")).code() == 200);
-  write_file(tf, "second-token\n");
-  auto r = request(admin, "POST", "/v1/config/reload", bearer("first-token"));
+  CHECK(admin_get(admin, "/", bearer("first-token-0123456789")).code() == 200);
+  write_file(tf, "second-token-0123456789\n");
+  auto r = request(admin, "POST", "/v1/config/reload", bearer("first-token-0123456789"));
   INFO(describe(r));
   REQUIRE(r.code() == 200);
-  CHECK(admin_get(admin, "/", bearer("second-token")).code() == 200);
-  CHECK(admin_get(admin, "/", bearer("first-token")).code() == 401);
+  CHECK(admin_get(admin, "/", bearer("second-token-0123456789")).code() == 200);
+  CHECK(admin_get(admin, "/", bearer("first-token-0123456789")).code() == 401);
 }
 
 }  // TEST_SUITE admin_auth

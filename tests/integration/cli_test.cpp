@@ -1,5 +1,8 @@
 // CLI contract: --help on the binary and on `serve`, exit code 2 with a message naming the field
 // for bad flags, bad config values and unknown config keys.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "tests/integration/harness.h"
 
 using namespace fencegate::testing;
@@ -8,6 +11,11 @@ namespace {
 
 bool mentions(const CommandResult& r, const std::string& s) {
   return r.out.find(s) != std::string::npos || r.err.find(s) != std::string::npos;
+}
+
+bool fs_exists(const std::string& path) {
+  struct stat st {};
+  return ::lstat(path.c_str(), &st) == 0;
 }
 
 std::string show(const CommandResult& r) {
@@ -151,6 +159,61 @@ TEST_CASE("every subcommand's flag syntax errors keep their own wording (one par
   }
   CHECK(run_command({kFencegate, "serve", "--bogus", "--help"}, 10s).code() == 0);
   CHECK(run_command({kFencegate, "elect", "--bogus", "--help"}, 10s).code() == 0);
+}
+
+TEST_CASE("serve refuses files another local user could read or tamper with: exit 2 naming the path and why") {
+  TempDir dir;
+  const std::string tf = dir.file("admin.token");
+  auto with_token = [&](const std::string& text, mode_t mode) {
+    write_file(tf, text);
+    REQUIRE(::chmod(tf.c_str(), mode) == 0);
+    json c = valid_config(dir);
+    c["admin"]["token_file"] = tf;
+    return serve_with_config(dir, c);
+  };
+  SUBCASE("an admin token file group or others may read") {
+    auto r = with_token("0123456789abcdef-admin\n", 0644);
+    INFO(show(r));
+    CHECK(r.code() == 2);
+    CHECK(mentions(r, "admin.token_file: " + tf + " has mode 0644: group or others may read or write it"));
+    CHECK_FALSE(mentions(r, "0123456789abcdef-admin"));
+  }
+  SUBCASE("an admin token of 15 bytes") {
+    auto r = with_token("0123456789abcde\n", 0600);
+    INFO(show(r));
+    CHECK(r.code() == 2);
+    CHECK(mentions(r, "admin.token_file: the token in " + tf + " has 15 bytes; at least 16 are required"));
+  }
+  SUBCASE("a database directory others may write to, without the sticky bit") {
+    TempDir open_dir("fencegate-open-dir");
+    REQUIRE(::chmod(open_dir.path().c_str(), 0777) == 0);
+    json c = valid_config(dir);
+    c["db"] = open_dir.file("fence.db");
+    auto r = serve_with_config(dir, c);
+    INFO(show(r));
+    CHECK(r.code() == 2);
+    CHECK(mentions(r, "db: database " + open_dir.file("fence.db") + ": its directory " + open_dir.path() +
+                          " has mode 0777: other users may write to it"));
+    CHECK_FALSE(fs_exists(open_dir.file("fence.db")));
+    CHECK_FALSE(fs_exists(open_dir.file("fence.db.lock")));
+  }
+  SUBCASE("a database file owned by another user") {
+    if (::geteuid() != 0) return;  // needs root to give the file away
+    write_file(dir.file("fence.db"), "");
+    REQUIRE(::chown(dir.file("fence.db").c_str(), 65534, 65534) == 0);
+    auto r = serve_with_config(dir, valid_config(dir));
+    INFO(show(r));
+    CHECK(r.code() == 2);
+    CHECK(mentions(r, "db: database " + dir.file("fence.db") + " is owned by uid 65534, not by the user fencegate runs as"));
+  }
+  SUBCASE("a symbolic link planted at the lock file's name") {
+    REQUIRE(::symlink(dir.file("elsewhere").c_str(), dir.file("fence.db.lock").c_str()) == 0);
+    auto r = serve_with_config(dir, valid_config(dir));
+    INFO(show(r));
+    CHECK(r.code() == 2);
+    CHECK(mentions(r, dir.file("fence.db.lock") + " is a symbolic link"));
+    CHECK_FALSE(fs_exists(dir.file("elsewhere")));
+  }
 }
 
 TEST_CASE("config file: unknown keys and bad values exit 2 naming the field") {
