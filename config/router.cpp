@@ -1,6 +1,7 @@
 #include "config/router.h"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <set>
 #include <utility>
@@ -431,6 +432,38 @@ Router::Match Router::match(std::string_view target) const {
   m.outcome = Outcome::matched;
   m.route = &route;
   return m;
+}
+
+bool resource_matches_template(std::string_view tmpl, std::string_view resource) {
+  // Backtracking match of literals and {captures} (one or more capture characters each).
+  auto is_cap = [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+           c == '~' || c == '-';
+  };
+  std::function<bool(std::size_t, std::size_t)> m = [&](std::size_t ti, std::size_t ri) -> bool {
+    if (ti == tmpl.size()) return ri == resource.size();
+    if (tmpl[ti] == '{') {
+      std::size_t close = tmpl.find('}', ti);
+      if (close == std::string_view::npos) return false;
+      for (std::size_t n = ri; n < resource.size() && is_cap(resource[n]); ++n)
+        if (m(close + 1, n + 1)) return true;
+      return false;
+    }
+    return ri < resource.size() && tmpl[ti] == resource[ri] && m(ti + 1, ri + 1);
+  };
+  return m(0, 0);
+}
+
+const Route* Router::owner_of(std::string_view resource, bool* off) const {
+  const Route* by_template = nullptr;
+  *off = false;
+  for (const auto& r : *routes_) {
+    if (r.mode != Mode::off && r.resource == resource) return &r;
+    if ((by_template && *off) || !resource_matches_template(r.resource, resource)) continue;
+    if (r.mode == Mode::off) *off = true;
+    else if (!by_template) by_template = &r;
+  }
+  return by_template;
 }
 
 }  // namespace fencegate::config

@@ -42,6 +42,13 @@ class Router {
   // `target` is the request-target exactly as received (path and optional "?query").
   Match match(std::string_view target) const;
 
+  // The route that fences `resource` on the data path (the reverse of match(), for the admin API,
+  // which is given resources, not targets): a route that names it literally owns it (it may sit
+  // beside a template route in another mode: one tenant goes first); else a fencing route whose
+  // template can make it (validation makes all of those agree on mode and authority). nullptr if
+  // no fencing route makes it; then *off says whether an `off` route can. One pass.
+  const Route* owner_of(std::string_view resource, bool* off) const;
+
  private:
   struct Compiled;
   std::vector<Compiled> compiled_;  // sorted: most specific first
@@ -58,6 +65,10 @@ class Router {
 // names up to this length, so a path that would make a longer one is refused as a bad target
 // (no leader could put up its fence before it starts work on such a resource).
 inline constexpr std::size_t kMaxResourceName = 256;
+
+// Returns true iff `resource` could have been produced by the route resource template `tmpl`
+// ("tenant-{tenant}": captures match one or more of [A-Za-z0-9._~-]).
+bool resource_matches_template(std::string_view tmpl, std::string_view resource);
 
 // Checks one route's prefix/resource templates; returns an empty string if fine, else the reason
 // (e.g. "resource uses {tenant} which the prefix does not capture"). Used by validate().

@@ -102,28 +102,11 @@ bool valid_resource_name(std::string_view r) {
   return true;
 }
 
-// The route that fences `resource` on the data path: a route that names it literally owns it (it
-// may sit beside a template route in another mode: one tenant goes first); else a fencing route
-// whose template can make it (config validation makes all of those agree on mode and authority).
-// nullptr if no fencing route makes it; then *off says whether an `off` route can. One pass.
-// (The Router maps targets, not resources; this belongs beside it in config/router.)
-const config::Route* route_owning(const config::Config& cfg, std::string_view resource, bool* off) {
-  const config::Route* by_template = nullptr;
-  *off = false;
-  for (const auto& r : cfg.routes) {
-    if (r.mode != config::Mode::off && r.resource == resource) return &r;
-    if ((by_template && *off) || !resource_matches_template(r.resource, resource)) continue;
-    if (r.mode == config::Mode::off) *off = true;
-    else if (!by_template) by_template = &r;
-  }
-  return by_template;
-}
-
 // The mode the data path fences `resource` in; `off` routes never fence: only when no other route
 // can make the name is it "off".
-std::string mode_of(const config::Config& cfg, std::string_view resource) {
+std::string mode_of(const config::Router& router, std::string_view resource) {
   bool off = false;
-  if (const config::Route* r = route_owning(cfg, resource, &off)) return std::string(config::to_string(r->mode));
+  if (const config::Route* r = router.owner_of(resource, &off)) return std::string(config::to_string(r->mode));
   return off ? "off" : "unrouted";
 }
 
@@ -673,7 +656,7 @@ Reply AdminSession::resources(const std::string* one) {
                        {"highest_seen", v.seen},
                        {"in_flight", v.inflight},
                        {"waiting", v.waiting},
-                       {"mode", mode_of(*snap->cfg, v.name)},
+                       {"mode", mode_of(snap->router, v.name)},
                        {"unstored_generation", v.owed > v.stored ? json(v.owed) : json(nullptr)},
                        {"advanced_at", nullptr},
                        {"advanced_by", nullptr}};
@@ -687,7 +670,7 @@ Reply AdminSession::resources(const std::string* one) {
                {"highest_seen", s.generation},
                {"in_flight", 0},
                {"waiting", 0},
-               {"mode", mode_of(*snap->cfg, s.resource)},
+               {"mode", mode_of(snap->router, s.resource)},
                {"unstored_generation", nullptr}};
     j["advanced_at"] = s.advanced_at_ms ? json(format_rfc3339_ms(s.advanced_at_ms)) : json(nullptr);
     j["advanced_by"] = s.advanced_by;
@@ -713,7 +696,7 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   // A barrier on a name no fencing route makes (a typo, the wrong case, an `off` route's resource)
   // would protect nothing while the caller believes it fenced the real resource.
   bool off = false;
-  const config::Route* owner = route_owning(cfg, resource, &off);
+  const config::Route* owner = snap->router.owner_of(resource, &off);
   if (!owner)
     co_return problem(404, "unfenced-resource", "Not a fenced resource",
                       "no enforce or observe route makes resource \"" + resource + "\" (" +

@@ -416,26 +416,6 @@ void Authority::loop() {
 // ---------------------------------------------------------------------------------------------
 // Authorities
 
-bool resource_matches_template(std::string_view tmpl, std::string_view resource) {
-  // Backtracking match of literals and {captures} (one or more capture characters each).
-  auto is_cap = [](char c) {
-    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-           c == '~' || c == '-';
-  };
-  std::function<bool(std::size_t, std::size_t)> m = [&](std::size_t ti, std::size_t ri) -> bool {
-    if (ti == tmpl.size()) return ri == resource.size();
-    if (tmpl[ti] == '{') {
-      std::size_t close = tmpl.find('}', ti);
-      if (close == std::string_view::npos) return false;
-      for (std::size_t n = ri; n < resource.size() && is_cap(resource[n]); ++n)
-        if (m(close + 1, n + 1)) return true;
-      return false;
-    }
-    return ri < resource.size() && tmpl[ti] == resource[ri] && m(ti + 1, ri + 1);
-  };
-  return m(0, 0);
-}
-
 Authorities::Authorities(Runtime& rt) : rt_(rt) {}
 
 Authorities::~Authorities() { stop(); }

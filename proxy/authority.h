@@ -45,6 +45,7 @@
 
 #include "common/boot_clock.h"
 #include "config/config.h"
+#include "config/router.h"
 #include "election_client/etcd_client.h"
 #include "election_client/watch.h"
 
@@ -231,8 +232,6 @@ class Authorities {
   std::unordered_map<std::string, Authority*> by_prefix_;  // constant after start()
 };
 
-// Returns true iff `resource` could have been produced by the route resource template `tmpl`
-// ("tenant-{tenant}": captures match one or more of [A-Za-z0-9._~-]).
-bool resource_matches_template(std::string_view tmpl, std::string_view resource);
+using config::resource_matches_template;  // config/router.h
 
 }  // namespace fencegate::proxy
