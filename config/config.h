@@ -51,6 +51,11 @@ struct Route {
   std::vector<std::string> write_methods{"POST", "PUT", "PATCH", "DELETE"};  // upper-case tokens
   bool fence_reads = false;
   std::optional<Authority> authority;  // authority-linked fencing (needs a restart to change)
+  // Who may create a resource of this route. on_write: any fenced write (today's behaviour);
+  // fenced_only: only the admin fence endpoint (the activation barrier) or a write whose
+  // generation the route's election authority confirms as leader. Any other write to a resource
+  // that has never been fenced is refused (409 resource-not-fenced) and creates nothing.
+  bool fenced_only = false;  // "new_resources": "on_write" | "fenced_only"
 
   // Returns true iff `method` (case-sensitive, as on the wire) is fenced on this route.
   bool is_fenced(std::string_view method) const;

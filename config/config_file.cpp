@@ -191,6 +191,11 @@ Route parse_route(const json& j, const std::string& path, std::vector<std::strin
       }
     } else if (key == "authority") {
       r.authority = parse_authority(v, fp, errors);
+    } else if (key == "new_resources") {
+      if (get_string(v, fp, s, errors)) {
+        if (s == "on_write" || s == "fenced_only") r.fenced_only = s == "fenced_only";
+        else errors.push_back(fp + ": must be \"on_write\" or \"fenced_only\" (got \"" + s + "\")");
+      }
     } else {
       errors.push_back(fp + ": unknown key");
     }

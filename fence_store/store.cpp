@@ -220,9 +220,10 @@ class OwnedStore final : public TestableStore {
         // Retention: each runs in autocommit mode, one chunk per transaction. A DELETE that matches
         // nothing writes no WAL frame, so an idle check costs an index probe and no fsync.
         "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)",
-        "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)", "SELECT count(*) FROM audit"};
-    sqlite3_stmt** outs[] = {&begin_,        &commit_,    &rollback_,     &upsert_,
-                             &insert_audit_, &prune_age_, &prune_oldest_, &count_audit_};
+        "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)", "SELECT count(*) FROM audit",
+        "DELETE FROM resources WHERE resource = ?1"};
+    sqlite3_stmt** outs[] = {&begin_,     &commit_,       &rollback_,    &upsert_,         &insert_audit_,
+                             &prune_age_, &prune_oldest_, &count_audit_, &delete_resource_};
     for (std::size_t i = 0; i < std::size(sqls); ++i)
       if (sqlite3_prepare_v3(wdb_, sqls[i], -1, SQLITE_PREPARE_PERSISTENT, outs[i], nullptr) != SQLITE_OK)
         return "cannot prepare statements on database " + path_ + ": " + sqlite3_errmsg(wdb_);
@@ -254,7 +255,8 @@ class OwnedStore final : public TestableStore {
     // The reader first: the last connection to close checkpoints and removes the WAL, and only a
     // read-write connection can do that.
     reader_.reset();
-    for (auto* st : {begin_, commit_, rollback_, upsert_, insert_audit_, prune_age_, prune_oldest_, count_audit_})
+    for (auto* st : {begin_, commit_, rollback_, upsert_, insert_audit_, prune_age_, prune_oldest_, count_audit_,
+                     delete_resource_})
       sqlite3_finalize(st);
     sqlite3_close_v2(wdb_);
     ::close(db_lock_fd_);  // release ownership only after every connection is closed
@@ -272,6 +274,14 @@ class OwnedStore final : public TestableStore {
     it.resource = std::move(resource);
     it.generation = generation;
     it.leader = std::move(leader);
+    it.done = std::move(done);
+    enqueue(std::move(it));
+  }
+
+  void remove(std::string resource, Done done) override {
+    Item it;
+    it.kind = Item::kRemove;
+    it.resource = std::move(resource);
     it.done = std::move(done);
     enqueue(std::move(it));
   }
@@ -319,8 +329,8 @@ class OwnedStore final : public TestableStore {
 
  private:
   struct Item {
-    enum Kind { kAdvance, kAudit } kind = kAdvance;
-    std::string resource;  // advance
+    enum Kind { kAdvance, kAudit, kRemove } kind = kAdvance;
+    std::string resource;  // advance, remove
     std::int64_t generation = 0;
     std::string leader;
     AuditRow row;  // audit
@@ -532,6 +542,9 @@ class OwnedStore final : public TestableStore {
         sqlite3_bind_int64(st, 2, it.generation);
         sqlite3_bind_int64(st, 3, now);
         bind_text(st, 4, it.leader);
+      } else if (it.kind == Item::kRemove) {
+        st = delete_resource_;
+        bind_text(st, 1, it.resource);
       } else {
         st = insert_audit_;
         const AuditRow& r = it.row;
@@ -669,6 +682,7 @@ class OwnedStore final : public TestableStore {
   sqlite3_stmt* prune_age_ = nullptr;
   sqlite3_stmt* prune_oldest_ = nullptr;
   sqlite3_stmt* count_audit_ = nullptr;
+  sqlite3_stmt* delete_resource_ = nullptr;
   std::thread thread_;
 
   // Used only by the store thread: rows in the audit table, -1 = unknown (counted on demand).

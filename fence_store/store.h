@@ -54,11 +54,13 @@ struct AuditRow {
 };
 
 // Every decision an audit row can record (what the proxy writes; queries filter on these).
-inline constexpr std::array<std::string_view, 10> kAuditDecisions = {
+inline constexpr std::array<std::string_view, 13> kAuditDecisions = {
     "rejected_stale", "rejected_missing", "rejected_malformed", "would_reject_stale", "would_reject_missing",
     "would_reject_malformed",
     // authority-linked fencing (a route with an "authority")
-    "rejected_not_leader", "rejected_unknown_generation", "would_reject_not_leader", "would_reject_unknown_generation"};
+    "rejected_not_leader", "rejected_unknown_generation", "would_reject_not_leader", "would_reject_unknown_generation",
+    // a route with "new_resources": "fenced_only"; resource_deleted: DELETE /v1/resources/{id}
+    "rejected_unfenced_resource", "would_reject_unfenced_resource", "resource_deleted"};
 
 struct AuditQuery {
   std::string resource, decision, leader;  // "" = any
@@ -106,6 +108,15 @@ class Store {
   // Durably sets generation(resource) = max(stored, generation) with advanced_at/by updated when it
   // rises; never lowers it. `done` runs on the store thread after the commit (or its failure).
   virtual void advance(std::string resource, std::int64_t generation, std::string leader, Done done) = 0;
+
+  // Durably removes a resource's row (its generation): after it the resource is unknown, as if it
+  // had never been fenced, and a restart does not bring it back. Queued in order with advance():
+  // an advance queued later makes the row anew. `done` runs on the store thread after the commit
+  // (or its failure). The default refuses at once (read-only stores, test doubles).
+  virtual void remove(std::string resource, Done done) {
+    (void)resource;
+    if (done) done(Status::Error("this store cannot remove resources"));
+  }
 
   // Appends an audit row. If `done` is set it runs after the row's batch is durable (or failed);
   // if empty the row is written with the next batch, fire and forget.

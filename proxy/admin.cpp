@@ -234,6 +234,9 @@ constexpr Endpoint kEndpoints[] = {
     {"POST", "/v1/resources/{id}/fence",
      "activation barrier: advance to the generation in the token header or {\"generation\":N,\"leader\":\"...\"}, "
      "draining older writes; answers once durable; 409 if stale"},
+    {"DELETE", "/v1/resources/{id}?confirm={id}",
+     "remove a resource's fence (durably; audited resource_deleted): older generations become acceptable again; "
+     "409 while writes of it are in flight"},
     {"GET", "/v1/audit", "audit rows newest first: ?resource=&decision=&since=&until=&leader=&limit=&cursor="},
     {"GET", "/v1/audit/unfenced", "callers still writing without a valid token, grouped: ?resource=&since=&limit="},
     {"POST", "/v1/config/reload", "re-read the config file (same as SIGHUP); a bad config is rejected whole"},
@@ -289,6 +292,8 @@ class AdminSession {
     co_return n;
   }
   awaitable<Reply> fence(const std::string& resource, const RequestHead& h, std::string_view body);
+  awaitable<Reply> delete_resource(const std::string& resource, const std::map<std::string, std::string>& q,
+                                   const RequestHead& h);
   awaitable<Decision> advance(const std::string& resource, std::int64_t g, const std::string& leader,
                               InflightNode* node);
   awaitable<store::Status> audit_sync(store::AuditRow row);
@@ -567,6 +572,7 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
       if (!post) co_return method_not_allowed();
       co_return co_await fence(id, h, body);
     }
+    if (h.method == "DELETE") co_return co_await delete_resource(id, q, h);
     if (!get) co_return method_not_allowed();
     co_return co_await net::co_spawn(admin_.queries, on_query_thread(Query::resource, id, {}), use_awaitable);
   }
@@ -762,6 +768,61 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   if (in.fence && a.refusal.status == 409)
     refused.extra_headers = "Fencing-Generation: " + std::to_string(*a.generation) + "\r\n";
   co_return refused;
+}
+
+// DELETE /v1/resources/{id}?confirm={id}: the resource's fence is removed from memory and then
+// durably from the store, and the removal is audited (resource_deleted, with the generation it
+// had). Older generations are acceptable again afterwards. Refused with 409 while anything is under
+// way for the resource (a write in flight or parked, an advance): the caller retries once it is
+// quiet, and no write admitted under the old generation is left running unfenced.
+awaitable<Reply> AdminSession::delete_resource(const std::string& resource, const std::map<std::string, std::string>& q,
+                                               const RequestHead& h) {
+  Runtime& rt = admin_.rt;
+  auto confirm = q.find("confirm");
+  if (confirm == q.end() || confirm->second != resource)
+    co_return problem(400, "confirm-required", "Confirmation required",
+                      "deleting a resource's fence lets older generations through again: repeat its name as "
+                      "?confirm=" +
+                          resource,
+                      {{"resource", resource}});
+  std::int64_t generation = 0;
+  switch (rt.fence.remove(resource, &generation)) {
+    case Fence::Removal::unknown:
+      co_return problem(404, "unknown-resource", "Unknown resource",
+                        "the fence holds no generation for resource \"" + resource + "\"", {{"resource", resource}});
+    case Fence::Removal::busy:
+      co_return problem(409, "resource-busy", "Resource busy",
+                        "writes of resource \"" + resource +
+                            "\" are in flight or an advance is under way: nothing was deleted; retry when it is quiet",
+                        {{"resource", resource}});
+    case Fence::Removal::removed: break;
+  }
+  auto result = std::make_shared<PostedResult<store::Status>>(admin_.ioc);
+  rt.store.remove(resource, [result](store::Status st) { PostedResult<store::Status>::deliver(result, st); });
+  store::Status st = co_await result->wait();
+  if (!st.ok()) {
+    rt.fence.restore(resource, generation);
+    co_return problem(503, "store-unavailable", "Fence store unavailable",
+                      "the resource could not be removed from the store: " + st.message() + "; nothing was deleted",
+                      {{"resource", resource}});
+  }
+  boost::system::error_code ig;
+  auto ep = sock_.remote_endpoint(ig);
+  store::AuditRow row;
+  row.resource = resource;
+  row.decision = "resource_deleted";
+  row.current_generation = generation;
+  row.method = std::string(h.method);
+  row.target = clipped(h.target, 2048);
+  row.client = ig ? std::string() : ep.address().to_string();
+  row.mode = mode_of(*rt.snapshot()->cfg, resource);
+  row.user_agent = clipped(h.user_agent(), 512);
+  if (store::Status ast = co_await audit_sync(std::move(row)); !ast.ok())
+    log::warn("resource deleted, but its audit row could not be made durable",
+              {log::kv("resource", resource), log::kv("why", ast.message())});
+  log::warn("resource deleted: older generations are acceptable again",
+            {log::kv("resource", resource), log::kv("generation", generation), log::kv("client", row.client)});
+  co_return json_reply(200, {{"resource", resource}, {"deleted", true}, {"generation", generation}});
 }
 
 // Advances the fence exactly as a write would, then lets go (the caller releases `node`): in

@@ -215,12 +215,28 @@ Admission decide_by_fence(const AdmissionInput& in, bool refuses) {
                             std::nullopt};
       }
       return a;
+    case Verdict::unfenced:
+      // Observe mode forwards it as what enforce would refuse, but creates nothing either.
+      reject(in, refuses, "unfenced_resource", Outcome::rejected_unfenced_resource,
+             Outcome::would_reject_unfenced_resource, 0,
+             Problem{409, "resource-not-fenced", "Resource not fenced",
+                     "resource " + resource +
+                         " has never been fenced, and its route creates resources only through the admin fence "
+                         "endpoint (new_resources: fenced_only); nothing was stored",
+                     resource, g, 0},
+             &a);
+      return a;
     case Verdict::stale: break;  // above
   }
   return a;
 }
 
 }  // namespace
+
+bool may_create_resource(const AdmissionInput& in) {
+  return !in.fenced_only || in.kind == AdmissionKind::barrier ||
+         (in.authority && in.authority->verdict == AuthorityVerdict::leader);
+}
 
 Admission decide_admission(const AdmissionInput& in, Fence& fence) {
   const bool refuses = in.kind == AdmissionKind::barrier || in.mode == config::Mode::enforce;

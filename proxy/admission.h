@@ -53,6 +53,9 @@ enum class AdmissionKind {
 struct AdmissionInput {
   AdmissionKind kind = AdmissionKind::write;
   config::Mode mode = config::Mode::enforce;  // of the route that owns the resource: enforce or observe
+  // The route's "new_resources" is "fenced_only": a write may not create the resource (see
+  // may_create_resource()).
+  bool fenced_only = false;
   const std::string* resource = nullptr;      // REQUIRES: set
   const PresentedToken* token = nullptr;      // REQUIRES: set
   // The verdict of the route's election authority on the token's generation (nullptr: the route
@@ -83,6 +86,14 @@ struct Admission {
   bool audit_durable = false;  // the refusal is answered only once the row is durable (else audit_failed())
   Problem refusal{0, {}, {}, {}};  // iff step == refuse
 };
+
+// Whether this request may create its resource (hold it in the fence, store its first
+// generation): always on an on_write route; on a fenced_only route only a barrier (the admin fence
+// endpoint) or a write whose generation the route's election authority confirms as leader. Pass
+// it to the Fence (admit/observe/decide_now/find) when asking it: a write that may not is decided
+// Verdict::unfenced, refused with 409 resource-not-fenced (observe: forwarded, audited
+// would_reject_unfenced_resource), and creates nothing in memory or in the store.
+bool may_create_resource(const AdmissionInput& in);
 
 // The decision. Calls fence.current() (one lock) only on the paths that do not ask the fence.
 Admission decide_admission(const AdmissionInput& in, Fence& fence);

@@ -107,6 +107,41 @@ FenceResource* Fence::find_or_create(const std::string& resource) {
   return ins->second.get();
 }
 
+FenceResource* Fence::find_existing(const std::string& resource) {
+  std::lock_guard lk(map_mu_);
+  auto it = resources_.find(resource);
+  return it == resources_.end() ? nullptr : it->second.get();
+}
+
+// REQUIRES: r->mu held. Never fenced: no generation stored, none on its way to the store.
+static bool never_fenced(const FenceResource* r) { return r->stored == 0 && r->seen == 0 && r->owed == 0; }
+
+Fence::Removal Fence::remove(const std::string& resource, std::int64_t* generation) {
+  FenceResource* r = find_existing(resource);
+  if (!r) return Removal::unknown;
+  std::lock_guard lk(r->mu);
+  if (never_fenced(r)) return Removal::unknown;
+  if (r->inflight || r->observed || !r->waiting.empty() || r->advancing || r->committing || r->owed > r->stored)
+    return Removal::busy;
+  *generation = r->stored;
+  r->stored = r->seen = 0;
+  r->seen_leader.clear();
+  return Removal::removed;
+}
+
+void Fence::restore(const std::string& resource, std::int64_t generation) {
+  FenceResource* r = find_existing(resource);
+  if (!r) return;
+  std::lock_guard lk(r->mu);
+  if (r->advancing || r->committing) {
+    // A write began creating it again meanwhile: that advance's target is raised instead.
+    r->seen = std::max(r->seen, generation);
+    return;
+  }
+  r->stored = std::max(r->stored, generation);
+  r->seen = std::max(r->seen, r->stored);
+}
+
 std::int64_t Fence::current(const std::string& resource) {
   FenceResource* r = nullptr;
   {
@@ -170,8 +205,9 @@ void Fence::track_observed(FenceResource* r, InflightNode* node) {
   link(r, node, /*observed=*/true);
 }
 
-bool Fence::decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Decision* now) {
+bool Fence::decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Decision* now, bool may_create) {
   if (!r) {
+    if (!may_create) return false;  // not held: admit()/observe() decide unfenced
     *now = Decision{Verdict::overloaded, 0, 0, false};
     return true;
   }
@@ -201,15 +237,19 @@ bool Fence::decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Dec
 }
 
 bool Fence::admit(const std::string& resource, std::int64_t g, const std::string& leader, InflightNode* node,
-                  Decision* now, DecisionFn later) {
-  FenceResource* r = find_or_create(resource);
+                  Decision* now, DecisionFn later, bool may_create) {
+  FenceResource* r = may_create ? find_or_create(resource) : find_existing(resource);
   if (!r) {
-    *now = Decision{Verdict::overloaded, 0, 0, false};
+    *now = Decision{may_create ? Verdict::overloaded : Verdict::unfenced, 0, 0, false};
     return true;
   }
   After after;
   {
     std::lock_guard lk(r->mu);
+    if (!may_create && never_fenced(r)) {
+      *now = Decision{Verdict::unfenced, 0, 0, false};
+      return true;
+    }
     if (g < r->seen) {
       *now = Decision{Verdict::stale, r->stored, r->seen, false};
       return true;
@@ -388,14 +428,18 @@ bool Fence::holds_advance(InflightNode* n) {
 }
 
 bool Fence::observe(const std::string& resource, std::int64_t g, const std::string& leader, Decision* now,
-                    DecisionFn later) {
-  FenceResource* r = find_or_create(resource);
+                    DecisionFn later, bool may_create) {
+  FenceResource* r = may_create ? find_or_create(resource) : find_existing(resource);
   if (!r) {
-    *now = Decision{Verdict::overloaded, 0, 0, false};
+    *now = Decision{may_create ? Verdict::overloaded : Verdict::unfenced, 0, 0, false};
     return true;
   }
   {
     std::lock_guard lk(r->mu);
+    if (!may_create && never_fenced(r)) {
+      *now = Decision{Verdict::unfenced, 0, 0, false};
+      return true;
+    }
     if (g < r->seen) {
       *now = Decision{Verdict::admit, r->stored, r->seen, true};
       return true;

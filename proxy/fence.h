@@ -61,6 +61,8 @@ enum class Verdict {
   stale,        // g < current: reject 409 (enforce) / would_reject_stale (observe, then forwarded)
   store_error,  // could not make the advance durable: 503 (enforce); observe forwards anyway
   overloaded,   // too many distinct resources in memory: 503
+  unfenced,     // the resource has never been fenced and this call may not create it (a route with
+                // "new_resources": "fenced_only"): 409 resource-not-fenced; nothing was created
 };
 
 struct Decision {
@@ -110,8 +112,11 @@ class Fence {
   // without waiting (fast path, stale, overloaded) it is stored in *now and true is returned;
   // otherwise `later` is called exactly once when it is made. On admit, `node` is linked and the
   // caller must call release(node) when the upstream exchange is over (or fails).
+  // `may_create` false (a fenced_only route's write): a resource that has never been fenced
+  // (none held, or held with no generation: stored == seen == 0) is neither created in memory
+  // nor advanced; the decision is unfenced.
   bool admit(const std::string& resource, std::int64_t g, const std::string& leader, InflightNode* node, Decision* now,
-             DecisionFn later);
+             DecisionFn later, bool may_create = true);
 
   // The decision of admit() (node given: enforce) or observe() (node null) when it can be made
   // without waiting: stale, the fast path (g is the stored generation; enforce links the node),
@@ -121,10 +126,15 @@ class Fence {
     return decide_now(find_or_create(resource), g, node, now);
   }
   // The same for a resource found before (find()); nullptr decides overloaded.
-  bool decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Decision* now);
-  // The resource's state, made on first use; nullptr iff over max_resources. Never freed while
-  // the Fence lives, so callers may keep the pointer.
-  FenceResource* find(const std::string& resource) { return find_or_create(resource); }
+  // `may_create` false: nullptr is a resource not held (found with find(name, false)), whose
+  // decision has to be made by admit() or observe() (false is returned), not overloaded.
+  bool decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Decision* now, bool may_create = true);
+  // The resource's state, made on first use (unless `may_create` is false); nullptr iff over
+  // max_resources (or not held and not to be made). Never freed while the Fence lives, so
+  // callers may keep the pointer.
+  FenceResource* find(const std::string& resource, bool may_create = true) {
+    return may_create ? find_or_create(resource) : find_existing(resource);
+  }
 
   // REQUIRES: node was linked by admit() or track_observed(). Safe to call more than once.
   void release(InflightNode* node);
@@ -142,7 +152,9 @@ class Fence {
 
   // Observe mode: never rejects and never drains. A higher generation is stored durably before
   // the decision (so switching to enforce later starts from it). Same now/later contract as admit.
-  bool observe(const std::string& resource, std::int64_t g, const std::string& leader, Decision* now, DecisionFn later);
+  // `may_create`: as for admit() (observe mode then neither creates nor stores anything).
+  bool observe(const std::string& resource, std::int64_t g, const std::string& leader, Decision* now, DecisionFn later,
+               bool may_create = true);
 
   // Shutdown, before the store drains: stops the retries of owed observe-mode generations (see
   // ResourceView::owed) and queues one last attempt for each, which the store's drain commits.
@@ -155,6 +167,19 @@ class Fence {
   // down) can be destroyed in any order; later release() calls are no-ops.
   // REQUIRES: no further admit()/observe() calls and no store completions still to come.
   void shutdown();
+
+  // DELETE /v1/resources/{id}: forgets a resource's generation in memory, so that it is as if it
+  // had never been fenced (older generations are admitted again; a fenced_only route's writes are
+  // refused until it is fenced anew). The caller then removes it from the store durably, and calls
+  // restore() if that fails. Refused (busy) while anything is under way for it: a write in flight
+  // (admitted, or forwarded under observe), a write parked, an advance, or an observe-mode
+  // generation still owed to the store; nothing changes then. The resource's slot in memory is
+  // kept (callers keep pointers to it) until the process restarts.
+  enum class Removal { removed, unknown, busy };
+  Removal remove(const std::string& resource, std::int64_t* generation);
+  // Undoes remove() after the store failed to remove the row: the generation is held again
+  // (never lowering one a write has set since).
+  void restore(const std::string& resource, std::int64_t generation);
 
   // Current stored generation of a resource (0 if unknown), for responses that made no decision.
   std::int64_t current(const std::string& resource);
@@ -170,6 +195,7 @@ class Fence {
 
  private:
   FenceResource* find_or_create(const std::string& resource);  // nullptr iff over the cap
+  FenceResource* find_existing(const std::string& resource);   // nullptr iff not held
   struct After;  // work to run once a resource's lock is released
   void start_advance(FenceResource* r, After& after);
   void proceed(FenceResource* r, After& after);

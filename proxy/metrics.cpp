@@ -22,6 +22,8 @@ std::string_view to_string(Outcome o) {
     case Outcome::would_reject_unknown_generation: return "would_reject_unknown_generation";
     case Outcome::authority_unavailable: return "authority_unavailable";
     case Outcome::too_many_resources: return "too_many_resources";
+    case Outcome::rejected_unfenced_resource: return "rejected_unfenced_resource";
+    case Outcome::would_reject_unfenced_resource: return "would_reject_unfenced_resource";
     case Outcome::kCount: break;
   }
   return "unknown";

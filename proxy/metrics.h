@@ -39,6 +39,10 @@ enum class Outcome : int {
   // A resource the fence could not take on: it holds max_resources already. Enforce: 503
   // too-many-resources; observe: forwarded untracked (and counted as forwarded too).
   too_many_resources,
+  // A route with "new_resources": "fenced_only": a write to a resource never fenced (409
+  // resource-not-fenced; observe: forwarded, nothing created).
+  rejected_unfenced_resource,
+  would_reject_unfenced_resource,
   kCount
 };
 std::string_view to_string(Outcome o);

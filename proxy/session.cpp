@@ -331,7 +331,7 @@ task<bool> Session::handle(std::size_t head_len) {
   // drains it before the first enforce write goes (Fence::track_observed).
   if (rq.fenced && route.mode == Mode::observe) {
     arm_abort(*ex);
-    rt_.fence.track_observed(w_.fence_resource(rt_.fence, rq.match.resource), &ex->node);
+    rt_.fence.track_observed(fence_resource(rq, !route.fenced_only), &ex->node);
   }
   // 4. Forward.
   co_return co_await forward(rq, std::move(ex));
@@ -441,11 +441,20 @@ void Session::route_request(RequestState& rq) {
   rq.routed = true;
 }
 
+// The request's resource in the fence (the worker keeps the last one found). `may_create` false
+// (a fenced_only route): a resource not held is not made (nullptr), so a write that is then refused
+// takes no room in the fence.
+FenceResource* Session::fence_resource(const RequestState& rq, bool may_create) {
+  return w_.last_fence.get(rq.match.resource,
+                           [this, may_create](const std::string& r) { return rt_.fence.find(r, may_create); });
+}
+
 AdmissionInput Session::admission_input(const RequestState& rq) const {
   const RequestHead& head = sc_->head;
   AdmissionInput in;
   in.kind = AdmissionKind::write;
   in.mode = rq.match.route->mode;
+  in.fenced_only = rq.match.route->fenced_only;
   in.resource = &rq.match.resource;
   in.token = &rq.token;
   if (rq.authority) {
@@ -477,8 +486,9 @@ Session::AdmitNow Session::admit_now(RequestState& rq, Exchange& ex) {
   if (a.step == AdmissionStep::ask_fence) {
     const bool enforce = route.mode == Mode::enforce;
     if (enforce) arm_abort(ex);
-    if (!rt_.fence.decide_now(w_.fence_resource(rt_.fence, rq.match.resource), g, enforce ? &ex.node : nullptr,
-                              &rq.decision))
+    const bool may_create = may_create_resource(in);
+    if (!rt_.fence.decide_now(fence_resource(rq, may_create), g, enforce ? &ex.node : nullptr, &rq.decision,
+                              may_create))
       return AdmitNow::wait_fence;
     in.fence = &rq.decision;
     a = decide_admission(in, rt_.fence);
@@ -508,9 +518,10 @@ task<bool> Session::admit_after_wait(RequestState& rq, Exchange& ex, AdmitNow st
     const std::string& resource = rq.match.resource;
     auto slot = std::make_shared<CrossThreadResult<Decision>>(w_);
     auto later = [slot](Decision dd) { CrossThreadResult<Decision>::fulfil(slot, dd); };
+    const bool may_create = may_create_resource(admission_input(rq));
     const bool now = rq.match.route->mode == Mode::enforce
-                         ? rt_.fence.admit(resource, g, rq.token.leader, &ex.node, &rq.decision, later)
-                         : rt_.fence.observe(resource, g, rq.token.leader, &rq.decision, later);
+                         ? rt_.fence.admit(resource, g, rq.token.leader, &ex.node, &rq.decision, later, may_create)
+                         : rt_.fence.observe(resource, g, rq.token.leader, &rq.decision, later, may_create);
     if (!now) {
       rq.decision = co_await slot->wait();
       prompt_ = true;

@@ -213,6 +213,7 @@ class Session {
   AdmitNow admit_now(RequestState& rq, Exchange& ex);
   task<bool> admit_after_wait(RequestState& rq, Exchange& ex, AdmitNow state, bool* answered);
   AdmissionInput admission_input(const RequestState& rq) const;
+  FenceResource* fence_resource(const RequestState& rq, bool may_create);
   void admitted(RequestState& rq);
   void note_admission(const Admission& a, const RequestState& rq);
   task<bool> refuse(const RequestState& rq, const Problem& p, const FenceHeaders& fence);

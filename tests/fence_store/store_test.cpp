@@ -168,6 +168,28 @@ TEST_CASE("advance raises and never lowers; advanced_at/by change only when rais
   CHECK(m["users"].advanced_by == "");
 }
 
+TEST_CASE("remove deletes a resource's row durably, in order with advances; a later advance makes it anew") {
+  TempDir t;
+  {
+    auto s = must_open(t.db());
+    REQUIRE(advance_sync(*s, "tenant-a", 9223372036854775807LL, "forged").ok());
+    REQUIRE(advance_sync(*s, "tenant-b", 4, "L").ok());
+    std::promise<Status> p;
+    auto f = p.get_future();
+    s->remove("tenant-a", [&p](Status st) { p.set_value(std::move(st)); });
+    REQUIRE(f.get().ok());
+    auto m = by_name(s->load_all());
+    CHECK_FALSE(m.count("tenant-a"));
+    CHECK(m["tenant-b"].generation == 4);
+    s->remove("tenant-b", {});
+    s->advance("tenant-b", 2, "M", {});  // queued after the removal: a lower generation is taken again
+  }
+  auto s = must_open(t.db());
+  auto m = by_name(s->load_all());
+  CHECK_FALSE(m.count("tenant-a"));
+  CHECK(m["tenant-b"].generation == 2);
+}
+
 TEST_CASE("state persists across reopen, and the destructor commits what was queued") {
   TempDir t;
   {

@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "proxy/authority.h"
@@ -211,6 +212,45 @@ TEST_CASE("admission: the fence's store errors and its resource cap") {
     CHECK(o.step == AdmissionStep::forward);
     CHECK(o.outcome == (v == Verdict::store_error ? Outcome::store_error : Outcome::too_many_resources));
   }
+}
+
+TEST_CASE("admission: a fenced_only route's write to a never-fenced resource: 409 resource-not-fenced") {
+  Fixture f;
+  f.request("Fencing-Token: 9223372036854775807\r\n");
+  AdmissionInput in = f.input(Mode::enforce);
+  CHECK(may_create_resource(in));  // on_write: today's behaviour
+  in.fenced_only = true;
+  CHECK_FALSE(may_create_resource(in));
+  AdmissionInput barrier = f.input(Mode::enforce, AdmissionKind::barrier);
+  barrier.fenced_only = true;
+  CHECK(may_create_resource(barrier));  // the admin fence endpoint creates
+  AuthorityCheck leads;
+  leads.verdict = AuthorityVerdict::leader;
+  in.authority = &leads;
+  CHECK(may_create_resource(in));  // so does a generation the election authority confirms
+  in.authority = nullptr;
+  const Decision d = decision(Verdict::unfenced, 0, 0);
+  in.fence = &d;
+  Admission a = decide_admission(in, f.fence);
+  REQUIRE(a.step == AdmissionStep::refuse);
+  CHECK(a.refusal.status == 409);
+  CHECK(a.refusal.type == "resource-not-fenced");
+  CHECK(a.outcome == Outcome::rejected_unfenced_resource);
+  REQUIRE(a.audit);
+  CHECK(a.audit->decision == "rejected_unfenced_resource");
+  CHECK(a.audit->presented_generation == 9223372036854775807LL);
+  CHECK(a.audit_durable);
+  // Observe: forwarded as what enforce would refuse, with its would-be row (and nothing created).
+  in.mode = Mode::observe;
+  Admission o = decide_admission(in, f.fence);
+  CHECK(o.step == AdmissionStep::forward);
+  CHECK(o.outcome == Outcome::would_reject_unfenced_resource);
+  REQUIRE(o.audit);
+  CHECK(o.audit->decision == "would_reject_unfenced_resource");
+  CHECK(o.observe == "would_reject_unfenced_resource");
+  const auto& known = fencegate::store::kAuditDecisions;
+  for (std::string_view dn : {"rejected_unfenced_resource", "would_reject_unfenced_resource", "resource_deleted"})
+    CHECK(std::find(known.begin(), known.end(), dn) != known.end());
 }
 
 TEST_CASE("admission: an election authority's verdict decides before the fence") {

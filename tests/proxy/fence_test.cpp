@@ -962,6 +962,68 @@ TEST_CASE("fence: max_resources caps the number of resources in memory") {
   CHECK(s.pending() == 0);
 }
 
+TEST_CASE("fence: a write that may not create its resource is unfenced, and nothing is created or stored") {
+  ManualStore s;
+  Fence f(s, 10s, 2);
+  InflightNode n;
+  Decision d;
+  Later unused;
+  // Not held: neither admit nor observe creates it (no slot in memory, nothing queued to the store).
+  for (int i = 0; i < 5; ++i) {
+    const std::string r = "tenant-" + std::to_string(i);
+    CHECK(f.find(r, /*may_create=*/false) == nullptr);
+    CHECK_FALSE(f.decide_now(nullptr, 9223372036854775807LL, &n, &d, /*may_create=*/false));
+    REQUIRE(f.admit(r, 9223372036854775807LL, "forged", &n, &d, unused.fn(), /*may_create=*/false));
+    CHECK(d.verdict == Verdict::unfenced);
+    CHECK(n.resource == nullptr);
+    REQUIRE(f.observe(r, 9223372036854775807LL, "forged", &d, unused.fn(), /*may_create=*/false));
+    CHECK(d.verdict == Verdict::unfenced);
+  }
+  CHECK(s.pending() == 0);
+  CHECK(f.snapshot().empty());
+  // Held in memory but never fenced (made by a lookup that may create): still unfenced.
+  REQUIRE(f.find("held") != nullptr);
+  REQUIRE(f.admit("held", 3, "", &n, &d, unused.fn(), false));
+  CHECK(d.verdict == Verdict::unfenced);
+  // Once fenced (the admin barrier may create), the same writes take the fast path.
+  establish(f, s, "tenant-0", 5);
+  REQUIRE(f.admit("tenant-0", 5, "", &n, &d, unused.fn(), false));
+  CHECK(d.verdict == Verdict::admit);
+  f.release(&n);
+  REQUIRE(f.decide_now(f.find("tenant-0", false), 4, &n, &d, false));
+  CHECK(d.verdict == Verdict::stale);
+}
+
+TEST_CASE("fence: remove forgets a quiet resource's generation; refused while a write is in flight") {
+  ManualStore s;
+  Fence f(s, 10s, kManyResources);
+  std::int64_t g = 0;
+  CHECK(f.remove("nothing", &g) == Fence::Removal::unknown);
+  establish(f, s, "r", 7);
+  InflightNode n;
+  REQUIRE(admit_now(f, "r", 7, &n).verdict == Verdict::admit);
+  CHECK(f.remove("r", &g) == Fence::Removal::busy);  // the write of generation 7 is in flight
+  CHECK(f.current("r") == 7);
+  f.release(&n);
+  REQUIRE(f.remove("r", &g) == Fence::Removal::removed);
+  CHECK(g == 7);
+  CHECK(f.current("r") == 0);
+  CHECK(f.remove("r", &g) == Fence::Removal::unknown);
+  // A fenced_only write is unfenced until the resource is fenced anew; an older generation is
+  // then acceptable again.
+  Decision d;
+  Later unused;
+  REQUIRE(f.admit("r", 3, "", &n, &d, unused.fn(), /*may_create=*/false));
+  CHECK(d.verdict == Verdict::unfenced);
+  establish(f, s, "r", 3);
+  CHECK(f.current("r") == 3);
+  // A store failure puts the generation back.
+  REQUIRE(f.remove("r", &g) == Fence::Removal::removed);
+  f.restore("r", g);
+  CHECK(f.current("r") == 3);
+  CHECK(admit_now(f, "r", 2, &n).verdict == Verdict::stale);
+}
+
 TEST_CASE("fence: load() restores the stored generations") {
   SUBCASE("from a store with state") {
     ManualStore s;
