@@ -815,7 +815,7 @@ awaitable<Reply> AdminSession::delete_resource(const std::string& resource, cons
   row.method = std::string(h.method);
   row.target = clipped(h.target, 2048);
   row.client = ig ? std::string() : ep.address().to_string();
-  row.mode = mode_of(*rt.snapshot()->cfg, resource);
+  row.mode = mode_of(rt.snapshot()->router, resource);
   row.user_agent = clipped(h.user_agent(), 512);
   if (store::Status ast = co_await audit_sync(std::move(row)); !ast.ok())
     log::warn("resource deleted, but its audit row could not be made durable",
