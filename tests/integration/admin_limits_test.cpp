@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -190,3 +191,27 @@ TEST_SUITE("admin_limits") {
   }
 
 }  // TEST_SUITE
+
+TEST_CASE("admin limits: refused requests are counted and logged at most once per client per 10 s") {
+  RecordingUpstream up;
+  TempDir t("fencegate-admin-unauth");
+  const std::string secret = "s3cret-Token_42-long-enough";
+  write_file(t.file("admin.token"), secret + "\n");
+  ::chmod(t.file("admin.token").c_str(), 0600);
+  ProxySpec s;
+  s.upstream = up.url();
+  s.args = {"--admin-listen", "127.0.0.1:0", "--admin-token-file", t.file("admin.token")};
+  Proxy px(s);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  for (int i = 0; i < 5; ++i) CHECK(admin_get(admin, "/v1/resources", bearer("wrong")).code() == 401);
+  auto ss = parse_prometheus(metrics_text(admin, bearer(secret)));
+  CHECK(sample(ss, "fencegate_admin_unauthorized_total") == 5.0);
+  const std::string log = read_file(proxy_log_path(px));
+  std::size_t lines = 0;
+  for (std::size_t at = 0; (at = log.find("request refused: missing or wrong bearer token", at)) != std::string::npos;
+       ++at)
+    ++lines;
+  CHECK(lines == 1);
+}
