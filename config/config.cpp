@@ -315,6 +315,40 @@ std::string set_max_rows(Config& c, std::string_view text) {
 }
 
 namespace {
+// An integer section setting between lo and hi. Returns the reason on failure.
+std::string parse_section_int(std::string_view text, std::int64_t lo, std::int64_t hi, std::int64_t& out) {
+  std::int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size() || v < lo || v > hi)
+    return "must be an integer between " + std::to_string(lo) + " and " + std::to_string(hi) + " (got " +
+           quote(text.substr(0, 64)) + ")";
+  out = v;
+  return {};
+}
+
+#define FG_ADMIN_MS_FIELD(name, help)                                                    \
+  SectionField {                                                                         \
+    "admin." #name "_ms", JsonKind::integer,                                             \
+        [](Config& c, std::string_view v) {                                              \
+          std::int64_t ms = 0;                                                           \
+          std::string err = parse_section_int(v, 1, kMaxMs, ms);                         \
+          if (err.empty()) c.admin.name = std::chrono::milliseconds(ms);                 \
+          return err;                                                                    \
+        },                                                                               \
+        [](const Config& c) { return std::to_string(c.admin.name.count()); }, "MS", help \
+  }
+#define FG_ADMIN_COUNT_FIELD(name, lo, help)                                    \
+  SectionField {                                                                \
+    "admin." #name, JsonKind::integer,                                          \
+        [](Config& c, std::string_view v) {                                     \
+          std::int64_t n = 0;                                                   \
+          std::string err = parse_section_int(v, lo, 100'000, n);               \
+          if (err.empty()) c.admin.name = static_cast<std::size_t>(n);          \
+          return err;                                                           \
+        },                                                                      \
+        [](const Config& c) { return std::to_string(c.admin.name); }, "N", help \
+  }
+
 const SectionField kSectionFieldRows[] = {
     {"admin.listen", JsonKind::string,
      [](Config& c, std::string_view v) { return parse_endpoint(v, c.admin.listen, 0, true); },
@@ -328,6 +362,10 @@ const SectionField kSectionFieldRows[] = {
      },
      [](const Config&) -> std::string { return "none"; }, "FILE",
      "admin API bearer token (16+ bytes; file mode 0600 or stricter), trimmed; re-read on reload"},
+    FG_ADMIN_MS_FIELD(header_timeout, "admin API: total time for one request's head and body"),
+    FG_ADMIN_MS_FIELD(write_timeout, "admin API: time to write one answer; over -> connection closed"),
+    FG_ADMIN_COUNT_FIELD(max_connections, 1, "admin API connections; at the cap the longest-idle one is closed"),
+    FG_ADMIN_COUNT_FIELD(max_connections_per_client, 1, "admin API connections per client address"),
     {"audit.max_age", JsonKind::duration,
      [](Config& c, std::string_view v) { return parse_duration(v, c.audit.max_age); },
      [](const Config& c) { return format_duration(c.audit.max_age); }, "AGE",
@@ -336,6 +374,9 @@ const SectionField kSectionFieldRows[] = {
      [](const Config& c) { return std::to_string(c.audit.max_rows); }, "N",
      "keep at most N newest audit rows; 0 = unlimited"},
 };
+
+#undef FG_ADMIN_MS_FIELD
+#undef FG_ADMIN_COUNT_FIELD
 
 const char* const kSectionNames[] = {"admin", "audit"};
 

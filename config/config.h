@@ -99,6 +99,11 @@ struct Config {
     Endpoint listen{"127.0.0.1", 9901};
     std::string token_file;  // path; "" = no token (only allowed on a loopback bind)
     std::string token;       // read from token_file at load (trimmed, >= 16 bytes), never logged
+    // Connections that stall or flood must not starve probes and fences (docs/security.md).
+    std::chrono::milliseconds header_timeout{10000};  // total for one request's head and body
+    std::chrono::milliseconds write_timeout{10000};   // one answer's write; over -> connection closed
+    std::size_t max_connections = 64;                 // at the cap the longest-idle one is closed
+    std::size_t max_connections_per_client = 8;       // per client address; more are closed at accept
   } admin;
 
   // Audit retention, pruned in the background (off the request path). 0 = unlimited. Limited by

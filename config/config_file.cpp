@@ -225,7 +225,8 @@ void parse_section(Config& c, const std::string& section, const json& j, std::ve
       case JsonKind::integer:
         if (!v.is_number_integer() ||
             (v.is_number_unsigned() ? v.get<std::uint64_t>() > INT64_MAX : v.get<std::int64_t>() < 0)) {
-          errors.push_back(path + ": " + rows_error(got(v)));
+          errors.push_back(path + ": " +
+                           (path == "audit.max_rows" ? rows_error(got(v)) : "must be an integer (got " + got(v) + ")"));
           continue;
         }
         text = got(v);

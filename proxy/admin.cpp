@@ -6,6 +6,7 @@
 #include <charconv>
 #include <boost/asio.hpp>
 #include <csignal>
+#include <list>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -39,11 +40,9 @@ namespace {
 
 constexpr std::size_t kMaxAdminHead = 16 * 1024;
 constexpr std::size_t kMaxAdminBody = 64 * 1024;
-constexpr auto kAdminIdle = std::chrono::seconds(30);
-// Admin connections open at once; more are closed at accept. Probes, scrapes and the CLI need a
-// few: the cap keeps clients that connect and stall (before any token is checked) from taking
-// the file descriptors the data path needs.
-constexpr std::size_t kMaxAdminConnections = 64;
+// Refused requests are logged at most once per client address in this long (they are counted
+// in fencegate_admin_unauthorized_total every time).
+constexpr auto kUnauthorizedLogEvery = std::chrono::seconds(10);
 
 struct Reply {
   unsigned status = 200;
@@ -269,28 +268,48 @@ struct PostedResult {
 
 class Admin;
 
+// One open admin connection, as the accept loop sees it: who, when it last moved bytes, and
+// whether it is answering a request (then it is not closed to make room). Admin thread only.
+struct AdminConn {
+  tcp::socket* sock;
+  std::string client;  // the peer's address, for the per-client cap
+  std::chrono::steady_clock::time_point active;
+  bool busy = false;
+  bool evicted = false;  // closed to make room; the session ends on its own
+};
+
 class AdminSession {
  public:
-  AdminSession(Admin& a, tcp::socket s) : admin_(a), sock_(std::move(s)) {}
+  AdminSession(Admin& a, tcp::socket s, std::list<AdminConn>::iterator conn)
+      : admin_(a), sock_(std::move(s)), conn_(conn) {
+    conn_->sock = &sock_;
+  }
   awaitable<void> run();
 
  private:
   awaitable<Reply> route(const RequestHead& h, std::string_view body);
-  // Reads some bytes, bounded by kAdminIdle (a head or body that stops coming): the deadline
-  // timer closes the socket.
-  awaitable<std::size_t> read_some(net::steady_timer& deadline, net::mutable_buffer into,
-                                   boost::system::error_code& ec) {
-    deadline.expires_after(kAdminIdle);
+  // Arms the total deadline of one request's head and body (admin.header_timeout_ms): when it
+  // fires the socket is closed, so a head sent a byte at a time cannot hold the connection.
+  void arm_request_deadline(net::steady_timer& deadline, std::chrono::milliseconds limit) {
+    deadline.expires_after(limit);
     deadline.async_wait([this](boost::system::error_code e) {
       if (!e) {
         boost::system::error_code ig;
         sock_.close(ig);
       }
     });
+  }
+  // Reads some bytes; the request deadline armed above bounds it.
+  awaitable<std::size_t> read_some(net::mutable_buffer into, boost::system::error_code& ec) {
     std::size_t n = co_await sock_.async_read_some(into, net::redirect_error(use_awaitable, ec));
-    deadline.cancel();
+    conn_->active = std::chrono::steady_clock::now();
     co_return n;
   }
+  // Writes a whole answer within admin.write_timeout_ms, else closes the connection: a client
+  // that sends requests and never reads the answers cannot keep them buffered here.
+  awaitable<void> write_all(std::string_view out, boost::system::error_code& ec);
+  // Counts a refused request and logs it, at most once per client per kUnauthorizedLogEvery.
+  void note_unauthorized(const RequestHead& h);
   awaitable<Reply> fence(const std::string& resource, const RequestHead& h, std::string_view body);
   awaitable<Reply> delete_resource(const std::string& resource, const std::map<std::string, std::string>& q,
                                    const RequestHead& h);
@@ -319,6 +338,7 @@ class AdminSession {
 
   Admin& admin_;
   tcp::socket sock_;
+  std::list<AdminConn>::iterator conn_;
   std::string buf_;
 };
 
@@ -353,28 +373,68 @@ class Admin final : public AdminServer {
         if (!acceptor.is_open()) co_return;
         continue;
       }
-      if (sessions >= kMaxAdminConnections) {
-        if (!over_cap_logged)
-          log::warn("admin API: too many connections open; closing new ones until some end",
-                    {log::kv("max", kMaxAdminConnections)});
-        over_cap_logged = true;
+      std::string client = s.remote_endpoint(ec).address().to_string();
+      if (ec || !make_room(client)) {
         s.close(ec);
         continue;
       }
-      over_cap_logged = false;
+      conns.push_front(AdminConn{nullptr, std::move(client), std::chrono::steady_clock::now()});
       ++sessions;
       net::co_spawn(
           ioc,
-          [this, s = std::move(s)]() mutable -> awaitable<void> {
+          [this, s = std::move(s), it = conns.begin()]() mutable -> awaitable<void> {
             struct Count {
-              std::size_t& n;
-              ~Count() { --n; }
-            } count{sessions};
-            AdminSession session(*this, std::move(s));
+              Admin& a;
+              std::list<AdminConn>::iterator it;
+              ~Count() {
+                if (!it->evicted) --a.sessions;
+                a.conns.erase(it);
+              }
+            } count{*this, it};
+            AdminSession session(*this, std::move(s), it);
             co_await session.run();
           },
           net::detached);
     }
+  }
+
+  // Whether a new connection from `client` may stay: not over admin.max_connections_per_client;
+  // at admin.max_connections the longest-idle connection not answering a request is closed for
+  // it, so connections that stall (before any token is checked) cannot lock probes and fences out.
+  bool make_room(const std::string& client) {
+    const auto snap = rt.snapshot();
+    const auto& acfg = snap->cfg->admin;
+    std::size_t same_client = 0;
+    AdminConn* idlest = nullptr;
+    for (auto& c : conns) {
+      if (c.evicted) continue;
+      if (c.client == client) ++same_client;
+      if (!c.busy && (!idlest || c.active < idlest->active)) idlest = &c;
+    }
+    if (same_client >= acfg.max_connections_per_client) {
+      log_refusal("admin API: a client has too many connections open; closing its new ones",
+                  {log::kv("client", client), log::kv("max", acfg.max_connections_per_client)});
+      return false;
+    }
+    if (sessions < acfg.max_connections) return true;
+    if (!idlest) {
+      log_refusal("admin API: every connection is answering a request; closing new ones",
+                  {log::kv("max", acfg.max_connections)});
+      return false;
+    }
+    boost::system::error_code ig;
+    idlest->sock->close(ig);  // its session sees the error and ends
+    idlest->evicted = true;
+    --sessions;
+    return true;
+  }
+
+  // Refusals at accept come in floods: one line in a while is enough.
+  void log_refusal(std::string_view what, std::initializer_list<log::Field> fields) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_refusal_log < kUnauthorizedLogEvery) return;
+    last_refusal_log = now;
+    log::warn(what, fields);
   }
 
   void wait_hup() {
@@ -394,8 +454,11 @@ class Admin final : public AdminServer {
   Runtime& rt;
   net::io_context ioc{1};
   tcp::acceptor acceptor;
-  std::size_t sessions = 0;      // open admin connections (ioc's thread only)
-  bool over_cap_logged = false;  // the last refusal at the cap was logged
+  std::size_t sessions = 0;    // open admin connections not yet closed for room (ioc's thread only)
+  std::list<AdminConn> conns;  // every admin session, newest first (ioc's thread only)
+  std::chrono::steady_clock::time_point last_refusal_log{};
+  // Refused requests (401): when each client's last was logged (ioc's thread only; pruned as it grows).
+  std::map<std::string, std::chrono::steady_clock::time_point, std::less<>> unauthorized_logged;
   net::signal_set signals;
   std::thread thread;
   // Store reads (audit queries, resource listings), one at a time, off the thread that answers
@@ -416,6 +479,7 @@ awaitable<void> AdminSession::run() {
     std::size_t head_len = 0;
     RequestHead h;
     net::steady_timer deadline(admin_.ioc);
+    arm_request_deadline(deadline, admin_.rt.snapshot()->cfg->admin.header_timeout);
     for (;;) {
       HeadScan s = scan_request_head(buf_, kMaxAdminHead, &h);
       if (s.status == HeadStatus::complete) {
@@ -427,15 +491,16 @@ awaitable<void> AdminSession::run() {
                         ? problem(431, "header-too-large", "Request header fields too large",
                                   "admin request heads are limited to 16 KiB")
                         : problem(400, "bad-request", "Bad request", s.reason);
+        deadline.cancel();
         std::string out = response_bytes(rep, false, true);
         boost::system::error_code ec;
-        co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
+        co_await write_all(out, ec);
         sock_.shutdown(tcp::socket::shutdown_send, ec);
         co_return;
       }
       char tmp[4096];
       boost::system::error_code ec;
-      std::size_t n = co_await read_some(deadline, net::buffer(tmp), ec);
+      std::size_t n = co_await read_some(net::buffer(tmp), ec);
       if (ec) co_return;
       buf_.append(tmp, n);
     }
@@ -460,26 +525,58 @@ awaitable<void> AdminSession::run() {
         boost::system::error_code ec;
         // Never past the body: what follows it (a pipelined request) stays unread.
         const std::size_t want = std::min(sizeof tmp, body_len - body_bytes.size());
-        std::size_t n = co_await read_some(deadline, net::buffer(tmp, want), ec);
+        std::size_t n = co_await read_some(net::buffer(tmp, want), ec);
         if (ec) co_return;
         body_bytes.append(tmp, n);
       }
+      deadline.cancel();
       std::string_view body(body_bytes);
+      conn_->busy = true;  // not closed for room while it answers (a fence may wait on a drain)
       try {
         rep = co_await route(h, body);
       } catch (const std::exception& e) {
         rep = problem(500, "internal", "Internal error", e.what());
       }
+      conn_->busy = false;
       std::string_view conn;
       if (h.count("Connection", &conn) && iequals(conn, "close")) keep = false;
       if (h.version == 10) keep = false;
     }
+    deadline.cancel();
     std::string out = response_bytes(rep, keep, h.method != "HEAD");  // HEAD: same headers, no body
     boost::system::error_code ec;
-    co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
+    co_await write_all(out, ec);
     if (ec || !keep) co_return;
     buf_.erase(0, head_len + body_in_buf);
   }
+}
+
+awaitable<void> AdminSession::write_all(std::string_view out, boost::system::error_code& ec) {
+  net::steady_timer limit(admin_.ioc);
+  limit.expires_after(admin_.rt.snapshot()->cfg->admin.write_timeout);
+  limit.async_wait([this](boost::system::error_code e) {
+    if (!e) {
+      boost::system::error_code ig;
+      sock_.close(ig);
+    }
+  });
+  co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
+  limit.cancel();
+  conn_->active = std::chrono::steady_clock::now();
+}
+
+void AdminSession::note_unauthorized(const RequestHead& h) {
+  admin_.rt.metrics.admin_unauthorized.fetch_add(1, std::memory_order_relaxed);
+  const auto now = std::chrono::steady_clock::now();
+  auto& logged = admin_.unauthorized_logged;
+  if (logged.size() > 4096)
+    std::erase_if(logged, [&](const auto& e) { return now - e.second >= kUnauthorizedLogEvery; });
+  auto it = logged.find(conn_->client);
+  if (it != logged.end() && now - it->second < kUnauthorizedLogEvery) return;
+  if (it == logged.end() && logged.size() > 4096) return;  // a flood from many addresses: counted, not logged
+  logged[conn_->client] = now;
+  log::warn("admin API: request refused: missing or wrong bearer token",
+            {log::kv("client", conn_->client), log::kv("method", h.method), log::kv("target", h.target)});
 }
 
 awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body) {
@@ -525,6 +622,7 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
     bool ok = h.count("Authorization", &auth) == 1 && auth.size() > 7 && iequals(auth.substr(0, 7), "Bearer ") &&
               constant_time_equals(auth.substr(7), cfg.admin.token);
     if (!ok) {
+      note_unauthorized(h);
       Reply r = problem(401, "unauthorized", "Unauthorized", "this admin API needs Authorization: Bearer <token>");
       r.extra_headers = "WWW-Authenticate: Bearer realm=\"fencegate-admin\"\r\n";
       co_return r;

@@ -136,6 +136,12 @@ void Metrics::render(std::string& out) const {
   out += "# TYPE fencegate_config_reloads_total counter\n";
   out += "fencegate_config_reloads_total{result=\"ok\"} " + std::to_string(reloads.load()) + "\n";
   out += "fencegate_config_reloads_total{result=\"rejected\"} " + std::to_string(reload_failures.load()) + "\n";
+  out += "# HELP fencegate_admin_unauthorized_total Admin API requests refused for a missing or wrong bearer token.\n";
+  out += "# TYPE fencegate_admin_unauthorized_total counter\n";
+  out += "fencegate_admin_unauthorized_total " + std::to_string(admin_unauthorized.load()) + "\n";
+  out += "# HELP fencegate_forwarded_dropped_total Client Forwarded values dropped as not RFC 7239 syntax.\n";
+  out += "# TYPE fencegate_forwarded_dropped_total counter\n";
+  out += "fencegate_forwarded_dropped_total " + std::to_string(forwarded_dropped.load()) + "\n";
 }
 
 }  // namespace fencegate::proxy

@@ -81,6 +81,8 @@ class Metrics {
   std::atomic<std::uint64_t> store_commit_failures{0};
   std::atomic<std::uint64_t> reloads{0};
   std::atomic<std::uint64_t> reload_failures{0};
+  std::atomic<std::uint64_t> admin_unauthorized{0};  // admin requests refused for a missing or wrong token
+  std::atomic<std::uint64_t> forwarded_dropped{0};   // client Forwarded values dropped as not RFC 7239
 
   // Renders the counters and histograms held here. Gauges owned elsewhere (generations, queue
   // depth) are appended by the caller.

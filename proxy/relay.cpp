@@ -13,6 +13,8 @@
 
 #include <cstring>
 
+#include "common/log.h"
+#include "proxy/forwarded.h"
 #include "proxy/session.h"
 
 namespace fencegate::proxy {
@@ -438,7 +440,8 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
 }
 
 // The upstream request head: hop-by-hop fields go (RFC 9110 7.6.1), X-Forwarded-For and
-// Forwarded get the client appended, framing is restated from what was validated. Into sc_->out.
+// Forwarded get the client appended (a client Forwarded value that does not parse is dropped
+// first), framing is restated from what was validated. Into sc_->out.
 void Session::build_upstream_head(const RequestHead& head, const Framing& fr, const config::Route& route) {
   std::string xff, fwd;
   std::string& out = sc_->out;
@@ -454,6 +457,12 @@ void Session::build_upstream_head(const RequestHead& head, const Framing& fr, co
       case FieldKind::x_forwarded_for:
       case FieldKind::forwarded: {
         if (named_by_connection(head, f.name)) continue;  // hop-by-hop by the client's word: ours alone go on
+        if (f.kind == FieldKind::forwarded && !valid_forwarded(f.value)) {
+          // Not RFC 7239 (an unterminated quote would swallow the element appended below).
+          rt_.metrics.forwarded_dropped.fetch_add(1, std::memory_order_relaxed);
+          log::debug("dropped a client Forwarded value that is not RFC 7239 syntax", {log::kv("client", client_ip_)});
+          continue;
+        }
         std::string& acc = f.kind == FieldKind::forwarded ? fwd : xff;
         if (!acc.empty()) acc += ", ";
         acc += f.value;

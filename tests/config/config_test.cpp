@@ -912,6 +912,38 @@ TEST_CASE("audit.max_age: integer + s|m|h|d, or 0 for unlimited") {
   CHECK(env.config->audit.max_age.count() == 900);
 }
 
+TEST_CASE("admin connection limits: defaults, JSON, flags, environment, ranges") {
+  auto d = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  REQUIRE_MESSAGE(d.config, joined(d.errors));
+  CHECK(d.config->admin.header_timeout == std::chrono::milliseconds(10000));
+  CHECK(d.config->admin.write_timeout == std::chrono::milliseconds(10000));
+  CHECK(d.config->admin.max_connections == 64);
+  CHECK(d.config->admin.max_connections_per_client == 8);
+  auto j = load_json(R"({"admin": {"header_timeout_ms": 2000, "write_timeout_ms": 3000, "max_connections": 16,
+                       "max_connections_per_client": 2}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})");
+  REQUIRE_MESSAGE(j.config, joined(j.errors));
+  CHECK(j.config->admin.header_timeout == std::chrono::milliseconds(2000));
+  CHECK(j.config->admin.write_timeout == std::chrono::milliseconds(3000));
+  CHECK(j.config->admin.max_connections == 16);
+  CHECK(j.config->admin.max_connections_per_client == 2);
+  auto flag = load_serve({"--upstream", "http://h:1", "--admin-header-timeout-ms=500", "--admin-max-connections", "4"},
+                         empty_env);
+  REQUIRE_MESSAGE(flag.config, joined(flag.errors));
+  CHECK(flag.config->admin.header_timeout == std::chrono::milliseconds(500));
+  CHECK(flag.config->admin.max_connections == 4);
+  CHECK(has_error_starting(load_serve({"--upstream", "http://h:1", "--admin-write-timeout-ms", "0"}, empty_env),
+                           "--admin-write-timeout-ms: must be an integer between 1 and"));
+  CHECK(has_error(
+      load_json(
+          R"({"admin": {"max_connections_per_client": "8"}, "routes": [{"prefix": "/", "upstream": "http://h:1"}]})"),
+      "admin.max_connections_per_client: must be an integer (got \"8\")"));
+  g_env = {{"FENCEGATE_UPSTREAM", "http://h:1"}, {"FENCEGATE_ADMIN_MAX_CONNECTIONS_PER_CLIENT", "3"}};
+  auto env = load_serve({}, fake_env);
+  g_env.clear();
+  REQUIRE_MESSAGE(env.config, joined(env.errors));
+  CHECK(env.config->admin.max_connections_per_client == 3);
+}
+
 TEST_CASE("audit.max_rows: integer >= 0, 0 for unlimited") {
   auto rows = [](const std::string& json_value) {
     return load_json(R"({"audit": {"max_rows": )" + json_value +

@@ -868,12 +868,13 @@ TEST_CASE("admin: clients that connect and stall (a body that never comes) canno
     REQUIRE(c.connect(admin));
     REQUIRE(c.send("POST /v1/config/reload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\n\r\n"));
   }
-  // Those over the cap (64) are closed at once; the data path and the sidecar carry on.
+  // All from one address: those over admin.max_connections_per_client (8) are closed at once; the
+  // data path and the sidecar carry on. (Issue 32: a probe is no longer locked out while stalled
+  // connections are open; admin_limits_test.cpp has 64 from as many addresses.)
   std::size_t closed = 0;
   for (auto& c : stalled) closed += c.wait_closed(50ms) ? 1 : 0;
-  CHECK(closed == 6);
+  CHECK(closed == 62);
   CHECK(is_2xx(request(px.port(), "POST", "/adv", token(1))));
-  CHECK(request(admin, "GET", "/healthz").code() == 0);  // the cap holds for probes too, while it is full
   for (auto& c : stalled) c.close();
   // Once they are gone, the admin API answers again.
   bool back = false;
