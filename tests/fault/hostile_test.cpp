@@ -1165,7 +1165,9 @@ TEST_CASE("hostile: the admin API offers no way to lower a generation") {
       {"POST", f, {{"X-HTTP-Method-Override", "DELETE"}}, "", {428}},
       {"PUT", "/v1/resources/ledger", {}, R"({"generation": 1})", {405}},
       {"PATCH", "/v1/resources/ledger", {}, R"({"generation": 1})", {405}},
-      {"DELETE", "/v1/resources/ledger", {}, "", {405}},
+      // Removing a fence takes an explicit ?confirm={id} (issue 32); without it nothing changes.
+      {"DELETE", "/v1/resources/ledger", {}, "", {400}},
+      {"DELETE", "/v1/resources/ledger?confirm=Ledger", {}, "", {400}},
       {"POST", "/v1/resources/ledger", {}, R"({"generation": 1})", {405}},
       {"DELETE", "/v1/resources", {}, "", {405}},
       {"POST", "/v1/resources", {}, R"({"resource": "ledger", "generation": 1})", {405}},
