@@ -113,8 +113,8 @@ class Store {
   // had never been fenced, and a restart does not bring it back. Queued in order with advance():
   // an advance queued later makes the row anew. `done` runs on the store thread after the commit
   // (or its failure). The default refuses at once (read-only stores, test doubles).
-  virtual void remove(std::string resource, Done done) {
-    (void)resource;
+  virtual void remove(std::string resource, Done done) {  // NOLINT(performance-unnecessary-value-param)
+    (void)resource;  // (taken by value: OwnedStore moves both into its queue)
     if (done) done(Status::Error("this store cannot remove resources"));
   }
 

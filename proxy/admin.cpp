@@ -896,7 +896,8 @@ awaitable<Reply> AdminSession::delete_resource(const std::string& resource, cons
     case Fence::Removal::removed: break;
   }
   auto result = std::make_shared<PostedResult<store::Status>>(admin_.ioc);
-  rt.store.remove(resource, [result](store::Status st) { PostedResult<store::Status>::deliver(result, st); });
+  rt.store.remove(resource,
+                  [result](store::Status st) { PostedResult<store::Status>::deliver(result, std::move(st)); });
   store::Status st = co_await result->wait();
   if (!st.ok()) {
     rt.fence.restore(resource, generation);
@@ -915,11 +916,12 @@ awaitable<Reply> AdminSession::delete_resource(const std::string& resource, cons
   row.client = ig ? std::string() : ep.address().to_string();
   row.mode = mode_of(rt.snapshot()->router, resource);
   row.user_agent = clipped(h.user_agent(), 512);
+  const std::string client = row.client;  // the row is moved into the store below
   if (store::Status ast = co_await audit_sync(std::move(row)); !ast.ok())
     log::warn("resource deleted, but its audit row could not be made durable",
               {log::kv("resource", resource), log::kv("why", ast.message())});
   log::warn("resource deleted: older generations are acceptable again",
-            {log::kv("resource", resource), log::kv("generation", generation), log::kv("client", row.client)});
+            {log::kv("resource", resource), log::kv("generation", generation), log::kv("client", client)});
   co_return json_reply(200, {{"resource", resource}, {"deleted", true}, {"generation", generation}});
 }
 

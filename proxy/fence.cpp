@@ -340,7 +340,7 @@ void Fence::run(After& after) {
     FenceResource* r = after.commit;
     std::int64_t target = after.target;
     store_.advance(r->name, target, after.leader,
-                   [this, r, target](store::Status st) { on_committed(r, target, std::move(st)); });
+                   [this, r, target](const store::Status& st) { on_committed(r, target, st); });
   }
   for (auto& [fn, d] : after.calls)
     if (fn) fn(d);
