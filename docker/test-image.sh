@@ -95,8 +95,10 @@ c["routes"][0]["upstream"] = "http://127.0.0.1:" + sys.argv[1]
 json.dump(c, sys.stdout, indent=1)' "$up_port" >"$work/fencegate.json"
 head -c 24 /dev/urandom | base64 >"$work/admin.token"
 mkdir "$work/data"
-chown 10001:10001 "$work/data"  # the image's fencegate user
-chmod 0444 "$work/admin.token" "$work/fencegate.json"
+chown 10001:10001 "$work/data" "$work/admin.token"  # the image's fencegate user
+# The token is its owner's only (fencegate refuses a token file that group or others may read).
+chmod 0400 "$work/admin.token"
+chmod 0444 "$work/fencegate.json"
 
 # --health-interval=disable: no systemd timer here; the test runs the HEALTHCHECK itself below.
 # (podman 4.3 still complains that systemd is missing: its stderr is shown only on failure.)
