@@ -452,10 +452,12 @@ class Admin final : public AdminServer {
   }
 
   Runtime& rt;
-  net::io_context ioc{1};
-  tcp::acceptor acceptor;
+  // Declared before ioc, so they outlive it: destroying ioc destroys the sessions' suspended
+  // coroutine frames, whose guards still unlink themselves from conns.
   std::size_t sessions = 0;    // open admin connections not yet closed for room (ioc's thread only)
   std::list<AdminConn> conns;  // every admin session, newest first (ioc's thread only)
+  net::io_context ioc{1};
+  tcp::acceptor acceptor;
   std::chrono::steady_clock::time_point last_refusal_log{};
   // Refused requests (401): when each client's last was logged (ioc's thread only; pruned as it grows).
   std::map<std::string, std::chrono::steady_clock::time_point, std::less<>> unauthorized_logged;

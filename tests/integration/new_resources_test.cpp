@@ -45,7 +45,8 @@ std::vector<json> audit_rows(std::uint16_t admin, const std::string& query) {
 }
 
 bool holds(std::uint16_t admin, const std::string& resource) {
-  for (const auto& r : admin_json(admin, "/v1/resources")["resources"])
+  const json listing = admin_json(admin, "/v1/resources");  // (not a range over a temporary's member)
+  for (const auto& r : listing["resources"])
     if (r["resource"] == resource) return true;
   return false;
 }
