@@ -10,6 +10,11 @@ packages=(
   clang-16 libclang-rt-16-dev llvm-16  # scripts/fuzz.sh: libFuzzer, llvm-symbolizer
   clang-format-16 clang-tidy-16        # scripts/lint.sh
   iproute2 iptables                    # tests/fault: network namespaces and partitions
+  libssl-dev openssl nginx haproxy     # TLS (listener, upstream, etcd) and the tests' https upstream
+  zookeeper libzookeeper-mt-dev        # the ZooKeeper token source and its tests' server
+  redis-server libhiredis-dev          # the Redis token source and its tests' server
+  prometheus                           # promtool and a real Prometheus for the alert tests
+  chromium chromium-driver python3-selenium  # the status page, tested in a real browser
 )
 
 missing=()
