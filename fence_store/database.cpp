@@ -22,7 +22,8 @@ namespace {
 // link planted at the name fails with ELOOP instead of creating or opening the file it names.
 // SQLite creates the -wal and -shm files with the database file's mode (and opens them with
 // O_NOFOLLOW itself), so a database created here keeps all four files 0600. An existing file
-// owned by another user fails with EPERM.
+// owned by another user fails with EPERM; an existing file of ours that group or others may
+// read or write (made by a release before 0600 was the rule) is tightened to owner-only.
 int open_private(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd >= 0) {
@@ -44,7 +45,23 @@ int open_private(const std::string& path) {
     errno = EPERM;
     return -1;
   }
+  if (fd >= 0 && (st.st_mode & 077) != 0) (void)::fchmod(fd, st.st_mode & 0700);
   return fd;
+}
+
+// The -wal and -shm files a release before 0600 was the rule left group- or world-readable:
+// SQLite reopens them with the mode they have, so they are tightened (never through a link, and
+// only files of ours) before SQLite opens the database.
+void tighten_beside(const std::string& path) {
+  for (const char* suffix : {"-wal", "-shm"}) {
+    const std::string p = path + suffix;
+    int fd = ::open(p.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) continue;
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() && (st.st_mode & 077) != 0)
+      (void)::fchmod(fd, st.st_mode & 0700);
+    ::close(fd);
+  }
 }
 
 constexpr int kBusyTimeoutMs = 5000;
@@ -239,6 +256,7 @@ int take_lock(const std::string& path, std::string* error, int* db_fd) {
     *error = "cannot open database " + path + ": " + std::strerror(e);
     return -1;
   }
+  tighten_beside(path);
   if (::flock(*db_fd, LOCK_EX | LOCK_NB) != 0) {
     int e = errno;
     ::close(*db_fd);

@@ -132,6 +132,12 @@ void Metrics::render(std::string& out) const {
   out += "# HELP fencegate_open_connections Open client connections.\n";
   out += "# TYPE fencegate_open_connections gauge\n";
   out += "fencegate_open_connections " + std::to_string(open_connections.load()) + "\n";
+  out +=
+      "# HELP fencegate_connections_refused_per_client_total Client connections closed at accept: their address held "
+      "max_connections_per_client.\n";
+  out += "# TYPE fencegate_connections_refused_per_client_total counter\n";
+  out +=
+      "fencegate_connections_refused_per_client_total " + std::to_string(connections_refused_per_client.load()) + "\n";
   out += "# HELP fencegate_config_reloads_total Config reloads, by result.\n";
   out += "# TYPE fencegate_config_reloads_total counter\n";
   out += "fencegate_config_reloads_total{result=\"ok\"} " + std::to_string(reloads.load()) + "\n";

@@ -445,8 +445,10 @@ void Session::route_request(RequestState& rq) {
 // (a fenced_only route): a resource not held is not made (nullptr), so a write that is then refused
 // takes no room in the fence.
 FenceResource* Session::fence_resource(const RequestState& rq, bool may_create) {
-  return w_.last_fence.get(rq.match.resource,
-                           [this, may_create](const std::string& r) { return rt_.fence.find(r, may_create); });
+  return w_.last_fence.get(rq.match.resource, [this, may_create, &rq](const std::string& r) {
+    const config::Route& route = *rq.match.route;
+    return rt_.fence.find(r, may_create, Fence::RouteQuota{route.prefix, route.max_resources});
+  });
 }
 
 AdmissionInput Session::admission_input(const RequestState& rq) const {
@@ -644,6 +646,26 @@ void Session::arm_abort(Exchange& x) {
       }
     });
   };
+}
+
+bool Session::count_client() {
+  const std::size_t limit = rt_.snapshot()->cfg->max_connections_per_client;
+  if (limit == 0) return true;
+  std::lock_guard lk(st_.per_client_mu);
+  std::size_t& n = st_.per_client[client_ip_];
+  if (n >= limit) {
+    if (n == 0) st_.per_client.erase(client_ip_);
+    return false;
+  }
+  ++n;
+  per_client_counted_ = true;
+  return true;
+}
+
+void Session::uncount_client() {
+  std::lock_guard lk(st_.per_client_mu);
+  auto it = st_.per_client.find(client_ip_);
+  if (it != st_.per_client.end() && --it->second == 0) st_.per_client.erase(it);
 }
 
 }  // namespace fencegate::proxy
