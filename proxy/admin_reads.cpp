@@ -1,0 +1,166 @@
+// The admin API's read-only answers: /readyz, /metrics, the resource listings and the audit
+// queries (/v1/audit, /v1/audit/unfenced). Store reads among them run on the query thread.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "config/router.h"
+#include "proxy/admin_query.h"
+#include "proxy/admin_session.h"
+#include "proxy/metrics.h"
+#include "proxy/runtime.h"
+#include "proxy/timefmt.h"
+
+namespace fencegate::proxy::admin_detail {
+
+Reply AdminSession::readyz() {
+  Runtime& rt = admin_.rt;
+  if (rt.stopping.load()) return json_reply(503, {{"status", "not ready"}, {"reason", "shutting down"}});
+  std::string why;
+  if (!rt.store_ok(&why)) return json_reply(503, {{"status", "not ready"}, {"reason", "store: " + why}});
+  if (!rt.snapshot()) return json_reply(503, {{"status", "not ready"}, {"reason", "no config loaded"}});
+  return json_reply(200, {{"status", "ready"}});
+}
+
+Reply AdminSession::metrics() {
+  Runtime& rt = admin_.rt;
+  std::string out;
+  out.reserve(8192);
+  rt.metrics.render(out);
+  auto views = rt.fence.snapshot();
+  auto stats = rt.fence.stats();
+  out += "# HELP fencegate_generation Current durable generation per resource (labelled resources only).\n";
+  out += "# TYPE fencegate_generation gauge\n";
+  std::size_t shown = 0;
+  for (const auto& v : views) {
+    if (shown >= 1000) break;  // bounded label set
+    if (!rt.metrics.has_label(v.name) && shown >= 100) continue;
+    ++shown;
+    out += "fencegate_generation{resource=\"" + prom_escape(v.name) + "\"} " + std::to_string(v.stored) + "\n";
+  }
+  out += "# HELP fencegate_resources Resources held by the fence.\n# TYPE fencegate_resources gauge\n";
+  out += "fencegate_resources " + std::to_string(views.size()) + "\n";
+  out += "# HELP fencegate_advances_total Generation advances committed.\n# TYPE fencegate_advances_total counter\n";
+  out += "fencegate_advances_total " + std::to_string(stats.advances) + "\n";
+  out += "# HELP fencegate_drain_waits_total Advances that had to wait for older in-flight writes.\n";
+  out += "# TYPE fencegate_drain_waits_total counter\n";
+  out += "fencegate_drain_waits_total " + std::to_string(stats.drain_waits) + "\n";
+  out += "# HELP fencegate_drain_aborts_total Older upstream exchanges aborted by a drain timeout.\n";
+  out += "# TYPE fencegate_drain_aborts_total counter\n";
+  out += "fencegate_drain_aborts_total " + std::to_string(stats.drain_aborts) + "\n";
+  out += "# HELP fencegate_audit_queue_depth Items waiting for the store thread.\n";
+  out += "# TYPE fencegate_audit_queue_depth gauge\n";
+  out += "fencegate_audit_queue_depth " + std::to_string(rt.store.queue_depth()) + "\n";
+  out += "# HELP fencegate_audit_rows_dropped_total Observe-mode audit rows given up on after failed commits.\n";
+  out += "# TYPE fencegate_audit_rows_dropped_total counter\n";
+  out += "fencegate_audit_rows_dropped_total " + std::to_string(rt.store.audit_rows_dropped()) + "\n";
+  std::string why;
+  out += "# HELP fencegate_store_ok 1 if the last store commit succeeded.\n# TYPE fencegate_store_ok gauge\n";
+  out += std::string("fencegate_store_ok ") + (rt.store_ok(&why) ? "1" : "0") + "\n";
+  Reply r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = std::move(out);
+  return r;
+}
+
+Reply AdminSession::resources(const std::string* one) {
+  Runtime& rt = admin_.rt;
+  auto snap = rt.snapshot();
+  std::map<std::string, json> out;
+  for (const auto& v : rt.fence.snapshot()) {
+    if (one && v.name != *one) continue;
+    out[v.name] = json{{"resource", v.name},
+                       {"generation", v.stored},
+                       {"highest_seen", v.seen},
+                       {"in_flight", v.inflight},
+                       {"waiting", v.waiting},
+                       {"mode", mode_of(snap->router, v.name)},
+                       {"unstored_generation", v.owed > v.stored ? json(v.owed) : json(nullptr)},
+                       {"advanced_at", nullptr},
+                       {"advanced_by", nullptr}};
+  }
+  for (const auto& s : rt.store.load_all()) {
+    if (one && s.resource != *one) continue;
+    auto& j = out[s.resource];
+    if (j.is_null())
+      j = json{{"resource", s.resource},
+               {"generation", s.generation},
+               {"highest_seen", s.generation},
+               {"in_flight", 0},
+               {"waiting", 0},
+               {"mode", mode_of(snap->router, s.resource)},
+               {"unstored_generation", nullptr}};
+    j["advanced_at"] = s.advanced_at_ms ? json(format_rfc3339_ms(s.advanced_at_ms)) : json(nullptr);
+    j["advanced_by"] = s.advanced_by;
+  }
+  if (one) {
+    auto it = out.find(*one);
+    if (it == out.end()) return problem(404, "unknown-resource", "Not found", "no generation is known for " + *one);
+    return json_reply(200, it->second);
+  }
+  json list = json::array();
+  for (auto& [_, j] : out) list.push_back(std::move(j));
+  return json_reply(200, {{"resources", list}});
+}
+
+Reply AdminSession::audit(const std::map<std::string, std::string>& q) {
+  for (const auto& [k, _] : q)
+    if (k != "resource" && k != "decision" && k != "since" && k != "until" && k != "leader" && k != "limit" &&
+        k != "cursor")
+      return problem(400, "bad-query", "Bad request", "unknown parameter \"" + k + "\"");
+  store::AuditQuery aq;
+  aq.resource = param(q, "resource");
+  aq.decision = param(q, "decision");
+  if (!aq.decision.empty() && std::find(store::kAuditDecisions.begin(), store::kAuditDecisions.end(), aq.decision) ==
+                                  store::kAuditDecisions.end()) {
+    std::string known;
+    for (auto d : store::kAuditDecisions) known += (known.empty() ? "" : ", ") + std::string(d);
+    return problem(400, "bad-query", "Bad request", "decision \"" + aq.decision + "\": unknown; one of " + known);
+  }
+  aq.leader = param(q, "leader");
+  std::string err;
+  std::int64_t limit = 100, cursor = 0;
+  if (!parse_time_param(q, "since", &aq.since_ms, &err) || !parse_time_param(q, "until", &aq.until_ms, &err) ||
+      !parse_int_param(q, "limit", 1, 1000, &limit, &err) || !parse_int_param(q, "cursor", 1, INT64_MAX, &cursor, &err))
+    return problem(400, "bad-query", "Bad request", err);
+  // until is exclusive, and 0 means "no bound" to the store: an until at or before the epoch
+  // matches nothing, so it becomes the earliest bound that does the same.
+  if (!param(q, "until").empty() && aq.until_ms <= 0) aq.until_ms = 1;  // (empty: absent, as elsewhere)
+  aq.before_id = cursor;
+  aq.limit = static_cast<int>(limit) + 1;  // one more tells whether another page exists
+  store::Status st = store::Status::OK();
+  auto rows = admin_.rt.store.query_audit(aq, &st);
+  if (!st.ok()) return problem(503, "store-unavailable", "Fence store unavailable", st.message());
+  json out = {{"rows", json::array()}};
+  bool more = rows.size() > static_cast<std::size_t>(limit);
+  if (more) rows.resize(static_cast<std::size_t>(limit));
+  for (const auto& r : rows) out["rows"].push_back(audit_json(r));
+  if (more && !rows.empty()) out["next_cursor"] = std::to_string(rows.back().id);
+  return json_reply(200, out);
+}
+
+Reply AdminSession::unfenced(const std::map<std::string, std::string>& q) {
+  for (const auto& [k, _] : q)
+    if (k != "resource" && k != "since" && k != "limit")
+      return problem(400, "bad-query", "Bad request", "unknown parameter \"" + k + "\"");
+  std::string err;
+  std::int64_t since = 0, limit = 100;
+  if (!parse_time_param(q, "since", &since, &err) || !parse_int_param(q, "limit", 1, 1000, &limit, &err))
+    return problem(400, "bad-query", "Bad request", err);
+  store::Status st = store::Status::OK();
+  auto groups = admin_.rt.store.query_unfenced(param(q, "resource"), since, static_cast<int>(limit) + 1, &st);
+  if (!st.ok()) return problem(503, "store-unavailable", "Fence store unavailable", st.message());
+  const bool more = groups.size() > static_cast<std::size_t>(limit);  // one more tells
+  if (more) groups.resize(static_cast<std::size_t>(limit));
+  json list = json::array();
+  for (const auto& g : groups)
+    list.push_back({{"resource", g.resource},
+                    {"client", g.client},
+                    {"user_agent", g.user_agent},
+                    {"leader", g.leader},
+                    {"count", g.count},
+                    {"first_seen", format_rfc3339_ms(g.first_ms)},
+                    {"last_seen", format_rfc3339_ms(g.last_ms)}});
+  return json_reply(200, {{"callers", list}, {"truncated", more}});
+}
+
+}  // namespace fencegate::proxy::admin_detail
