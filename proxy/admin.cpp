@@ -64,8 +64,13 @@ constexpr Endpoint kEndpoints[] = {
     {"GET", "/readyz",
      "200 when it can serve safely (store writable, config loaded, not stopping); else 503 with the reason"},
     {"GET", "/metrics", "Prometheus metrics (fencegate_ prefix)"},
-    {"GET", "/v1/resources", "every resource: generation, mode, when and by whom it last advanced"},
+    {"GET", "/v1/resources",
+     "resources by name: generation, mode, when and by whom it last advanced, in-flight writes; "
+     "?limit=&cursor=&prefix=&mode= (no limit: all)"},
     {"GET", "/v1/resources/{id}", "one resource"},
+    {"GET", "/v1/resources/{id}/readiness",
+     "ready to enforce? missing-token and stale writes of the resource within ?window= (default 24h), with the "
+     "callers"},
     {"POST", "/v1/resources/{id}/fence",
      "activation barrier: advance to the generation in the token header or {\"generation\":N,\"leader\":\"...\"}, "
      "draining older writes; answers once durable; 409 if stale"},
@@ -151,15 +156,18 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
   }
   if (path == "/v1/resources") {
     if (!get) co_return method_not_allowed();
-    co_return co_await net::co_spawn(admin_.queries, on_query_thread(Query::resources, {}, {}), use_awaitable);
+    co_return co_await net::co_spawn(admin_.queries, on_query_thread(Query::resources, {}, q), use_awaitable);
   }
   static constexpr std::string_view kRes = "/v1/resources/";
   if (path.substr(0, kRes.size()) == kRes) {
     std::string_view rest = path.substr(kRes.size());
-    bool is_fence = false;
+    bool is_fence = false, is_readiness = false;
     if (rest.size() > 6 && rest.substr(rest.size() - 6) == "/fence") {
       is_fence = true;
       rest.remove_suffix(6);
+    } else if (rest.size() > 10 && rest.substr(rest.size() - 10) == "/readiness") {
+      is_readiness = true;
+      rest.remove_suffix(10);
     }
     if (rest.find('/') != std::string_view::npos)  // a resource name has no '/': no such endpoint
       co_return problem(404, "not-found", "Not found", "no such admin endpoint; see GET /");
@@ -169,6 +177,10 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
     if (is_fence) {
       if (!post) co_return method_not_allowed();
       co_return co_await fence(id, h, body);
+    }
+    if (is_readiness) {
+      if (!get) co_return method_not_allowed();
+      co_return co_await net::co_spawn(admin_.queries, on_query_thread(Query::readiness, id, q), use_awaitable);
     }
     if (h.method == "DELETE") co_return co_await delete_resource(id, q, h);
     if (!get) co_return method_not_allowed();

@@ -62,35 +62,77 @@ Reply AdminSession::metrics() {
   return r;
 }
 
-Reply AdminSession::resources(const std::string* one) {
+namespace {
+
+constexpr std::string_view kModes[] = {"enforce", "observe", "off", "unrouted"};
+
+// One resource's row in the listing: the fence's view (in memory), the store's (advanced at and
+// by), the route's mode and, for a resource with its own metrics label, its requests so far.
+json resource_row(const config::Router& router, const std::string& name) {
+  return json{{"resource", name},
+              {"generation", 0},
+              {"highest_seen", 0},
+              {"in_flight", 0},
+              {"waiting", 0},
+              {"mode", mode_of(router, name)},
+              {"unstored_generation", nullptr},
+              {"advanced_at", nullptr},
+              {"advanced_by", nullptr}};
+}
+
+}  // namespace
+
+// GET /v1/resources[/{id}]: sorted by name. Without `limit` every resource is listed (the answer
+// clients had before paging); with it, a page of `limit` resources after `cursor` (the last name
+// of the previous page) and `next_cursor` while more follow. `prefix` and `mode` filter.
+Reply AdminSession::resources(const std::string* one, const std::map<std::string, std::string>& q) {
   Runtime& rt = admin_.rt;
+  for (const auto& [k, _] : q)
+    if (k != "limit" && k != "cursor" && k != "prefix" && k != "mode")
+      return problem(400, "bad-query", "Bad request", "unknown parameter \"" + k + "\"");
+  std::int64_t limit = 0;
+  std::string err;
+  if (!parse_int_param(q, "limit", 1, 1000, &limit, &err)) return problem(400, "bad-query", "Bad request", err);
+  const std::string prefix = param(q, "prefix"), mode = param(q, "mode"), cursor = param(q, "cursor");
+  if (!mode.empty() && std::find(std::begin(kModes), std::end(kModes), mode) == std::end(kModes))
+    return problem(400, "bad-query", "Bad request",
+                   "mode \"" + mode + "\": unknown; one of enforce, observe, off, unrouted");
+  auto wanted = [&](const std::string& name) {
+    if (one) return name == *one;
+    return name.starts_with(prefix) && (cursor.empty() || name > cursor);
+  };
   auto snap = rt.snapshot();
   std::map<std::string, json> out;
   for (const auto& v : rt.fence.snapshot()) {
-    if (one && v.name != *one) continue;
-    out[v.name] = json{{"resource", v.name},
-                       {"generation", v.stored},
-                       {"highest_seen", v.seen},
-                       {"in_flight", v.inflight},
-                       {"waiting", v.waiting},
-                       {"mode", mode_of(snap->router, v.name)},
-                       {"unstored_generation", v.owed > v.stored ? json(v.owed) : json(nullptr)},
-                       {"advanced_at", nullptr},
-                       {"advanced_by", nullptr}};
+    if (!wanted(v.name)) continue;
+    json& j = out[v.name] = resource_row(snap->router, v.name);
+    j["generation"] = v.stored;
+    j["highest_seen"] = v.seen;
+    j["in_flight"] = v.inflight;
+    j["waiting"] = v.waiting;
+    if (v.owed > v.stored) j["unstored_generation"] = v.owed;
   }
-  for (const auto& s : rt.store.load_all()) {
-    if (one && s.resource != *one) continue;
+  store::Status st = store::Status::OK();
+  for (const auto& s : rt.store.load_all(&st)) {
+    if (!wanted(s.resource)) continue;
     auto& j = out[s.resource];
-    if (j.is_null())
-      j = json{{"resource", s.resource},
-               {"generation", s.generation},
-               {"highest_seen", s.generation},
-               {"in_flight", 0},
-               {"waiting", 0},
-               {"mode", mode_of(snap->router, s.resource)},
-               {"unstored_generation", nullptr}};
+    if (j.is_null()) {
+      j = resource_row(snap->router, s.resource);
+      j["generation"] = s.generation;
+      j["highest_seen"] = s.generation;
+    }
     j["advanced_at"] = s.advanced_at_ms ? json(format_rfc3339_ms(s.advanced_at_ms)) : json(nullptr);
     j["advanced_by"] = s.advanced_by;
+  }
+  for (auto& [name, j] : out) {
+    std::uint64_t writes = 0, refusals = 0;
+    if (rt.metrics.totals(name, &writes, &refusals)) {
+      j["writes"] = writes;
+      j["refusals"] = refusals;
+    } else {  // no label of its own (over max_resource_labels): not counted alone
+      j["writes"] = nullptr;
+      j["refusals"] = nullptr;
+    }
   }
   if (one) {
     auto it = out.find(*one);
@@ -98,8 +140,20 @@ Reply AdminSession::resources(const std::string* one) {
     return json_reply(200, it->second);
   }
   json list = json::array();
-  for (auto& [_, j] : out) list.push_back(std::move(j));
-  return json_reply(200, {{"resources", list}});
+  std::string last;
+  bool more = false;
+  for (auto& [name, j] : out) {
+    if (!mode.empty() && j["mode"] != mode) continue;
+    if (limit > 0 && list.size() == static_cast<std::size_t>(limit)) {
+      more = true;
+      break;
+    }
+    last = name;
+    list.push_back(std::move(j));
+  }
+  json body = {{"resources", std::move(list)}};
+  if (more) body["next_cursor"] = last;
+  return json_reply(200, body);
 }
 
 Reply AdminSession::audit(const std::map<std::string, std::string>& q) {

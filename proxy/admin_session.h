@@ -135,20 +135,22 @@ class AdminSession {
   awaitable<Decision> advance(const std::string& resource, std::int64_t g, const std::string& leader,
                               InflightNode* node);
   awaitable<store::Status> audit_sync(store::AuditRow row);
-  Reply resources(const std::string* one);
+  Reply resources(const std::string* one, const std::map<std::string, std::string>& q);
+  Reply readiness(const std::string& resource, const std::map<std::string, std::string>& q);
   Reply metrics();
   Reply readyz();
   Reply audit(const std::map<std::string, std::string>& q);
   Reply unfenced(const std::map<std::string, std::string>& q);
   // Runs one store read on the query thread. Its arguments are taken by value, so they live in
   // the coroutine's own frame (not in a lambda's captures: GCC 12 loses those here).
-  enum class Query { resources, resource, audit, unfenced };
+  enum class Query { resources, resource, readiness, audit, unfenced };
   // A refusal confirmed with etcd, on the confirm thread (arguments by value, as below).
   awaitable<AuthorityCheck> confirm_on_thread(Authority* au, std::int64_t g) { co_return au->confirm(g); }
   awaitable<Reply> on_query_thread(Query what, std::string id, std::map<std::string, std::string> q) {
     switch (what) {
-      case Query::resources: co_return resources(nullptr);
-      case Query::resource: co_return resources(&id);
+      case Query::resources: co_return resources(nullptr, q);
+      case Query::resource: co_return resources(&id, q);
+      case Query::readiness: co_return readiness(id, q);
       case Query::audit: co_return audit(q);
       case Query::unfenced: co_return unfenced(q);
     }

@@ -1,0 +1,196 @@
+// The operator's view against the real binary: GET /v1/resources paged and filtered (10,000
+// resources in under a second), GET /v1/resources/{id}/readiness (the "ready to enforce" verdict
+// with its evidence), and /readyz following whether the store can advance a generation.
+#include <atomic>
+#include <set>
+
+#include "fence_store/store.h"
+#include "tests/integration/ops_harness.h"
+
+using namespace fencegate::testing;
+
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || !defined(NDEBUG)
+constexpr auto kListBound = 15s;  // sanitizer and debug builds are many times slower
+#else
+constexpr auto kListBound = 1s;
+#endif
+
+ProxySpec config_spec(json cfg) {
+  ProxySpec s;
+  s.config = std::move(cfg);
+  return s;
+}
+
+// Writes `n` resources named "<prefix>NNNNN" (generation i+1) into the database at `path` before
+// the proxy opens it: 10,000 through the data path would test the data path, not the listing.
+void seed_resources(const std::string& path, const std::string& prefix, int n) {
+  std::string err;
+  auto st = fencegate::store::Store::open(path, &err);
+  REQUIRE_MESSAGE(st, err);
+  std::atomic<int> done{0}, failed{0};
+  for (int i = 0; i < n; ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "%s%05d", prefix.c_str(), i);
+    st->advance(name, i + 1, "seed", [&](const fencegate::store::Status& s) {
+      if (!s.ok()) failed.fetch_add(1);
+      done.fetch_add(1);
+    });
+  }
+  REQUIRE(eventually([&] { return done.load() == n; }, 60s));
+  REQUIRE(failed.load() == 0);
+}
+
+}  // namespace
+
+TEST_SUITE("operator_view") {
+  TEST_CASE("operator view: /v1/resources pages 10,000 resources by name, filters by prefix and mode, fast") {
+    RecordingUpstream up;
+    json cfg = config_with_routes(
+        {route("/e/{id}/", up.url(), "e-{id}", "enforce"), route("/o/{id}/", up.url(), "o-{id}", "observe")});
+    Proxy px(config_spec(cfg));
+    FG_LOG_ON_FAILURE(px);
+    seed_resources(px.db(), "e-", 7000);
+    seed_resources(px.db(), "o-", 3000);
+    FG_START(px);
+    FG_ADMIN_PORT(admin, px);
+
+  // Unpaged (no limit): every resource at once, as before paging; no next_cursor.
+    const auto t0 = Clock::now();
+    auto all = admin_get(admin, "/v1/resources");
+    const auto took = Clock::now() - t0;
+    REQUIRE(all.code() == 200);
+    json j = body_json(all);
+    REQUIRE(j["resources"].size() == 10000);
+    CHECK_FALSE(j.contains("next_cursor"));
+    MESSAGE("10,000 resources listed in ", std::chrono::duration_cast<std::chrono::milliseconds>(took).count(), " ms");
+    CHECK(took < kListBound);
+    const json& first = j["resources"][0];
+    CHECK(first["resource"] == "e-00000");
+    CHECK(first["generation"] == 1);
+    CHECK(first["mode"] == "enforce");
+    CHECK(first["advanced_by"] == "seed");
+    CHECK(first.contains("in_flight"));
+    CHECK(first.contains("advanced_at"));
+
+  // Paged: 1000 at a time, in name order, each name once, the last page without next_cursor.
+    std::set<std::string> seen;
+    std::string cursor, prev;
+    int pages = 0;
+    const auto t1 = Clock::now();
+    for (;;) {
+      json page = admin_json(admin, "/v1/resources?limit=1000" + (cursor.empty() ? "" : "&cursor=" + qenc(cursor)));
+      ++pages;
+      for (const auto& r : page["resources"]) {
+        const std::string name = r["resource"];
+        CHECK(name > prev);
+        prev = name;
+        seen.insert(name);
+      }
+      if (!page.contains("next_cursor")) break;
+      CHECK(page["resources"].size() == 1000);
+      cursor = page["next_cursor"];
+      REQUIRE(pages < 20);
+    }
+    CHECK(Clock::now() - t1 < 10 * kListBound);
+    CHECK(pages == 10);
+    CHECK(seen.size() == 10000);
+
+  // Filters: prefix and mode, with paging.
+    json obs = admin_json(admin, "/v1/resources?mode=observe&limit=1000");
+    CHECK(obs["resources"].size() == 1000);
+    CHECK(obs["resources"][0]["resource"] == "o-00000");
+    CHECK(obs.contains("next_cursor"));
+    json pre = admin_json(admin, "/v1/resources?prefix=e-0699");
+    REQUIRE(pre["resources"].size() == 10);
+    CHECK(pre["resources"][9]["resource"] == "e-06999");
+    CHECK_FALSE(pre.contains("next_cursor"));
+    json last = admin_json(admin, "/v1/resources?prefix=o-&limit=5&cursor=o-02997");
+    REQUIRE(last["resources"].size() == 2);  // o-02998, o-02999: the last page
+    CHECK_FALSE(last.contains("next_cursor"));
+    CHECK(admin_json(admin, "/v1/resources?mode=off")["resources"].empty());
+    CHECK(admin_json(admin, "/v1/resources?mode=enforce&prefix=o-")["resources"].empty());
+
+  // Bad queries name the parameter.
+    for (const char* bad : {"/v1/resources?limit=0", "/v1/resources?limit=1001", "/v1/resources?limit=x",
+                            "/v1/resources?mode=strict", "/v1/resources?sort=name"}) {
+      auto r = admin_get(admin, bad);
+      INFO(bad, " -> ", describe(r));
+      CHECK(r.code() == 400);
+    }
+  }
+
+  TEST_CASE("operator view: writes and refusals per resource are counted in the listing") {
+    RecordingUpstream up;
+    Proxy px(config_spec(config_with_routes({route("/", up.url(), "ledger", "enforce")})));
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    FG_ADMIN_PORT(admin, px);
+    HttpClient c;
+    REQUIRE(c.connect(px.port()));
+    for (int i = 0; i < 3; ++i) CHECK(is_2xx(c.request("POST", "/w", token(5))));
+    CHECK(c.request("POST", "/w", token(4)).code() == 409);
+    CHECK(c.request("POST", "/w").code() == 428);
+    json r = admin_json(admin, "/v1/resources/ledger");
+    CHECK(r["writes"] == 5);
+    CHECK(r["refusals"] == 2);
+    CHECK(r["generation"] == 5);
+  }
+
+  TEST_CASE("operator view: readiness says an observe route is not ready while stale or tokenless writes come in") {
+    RecordingUpstream up;
+    json cfg =
+        config_with_routes({route("/clean/", up.url(), "clean", "observe"), route("/", up.url(), "ledger", "observe")});
+    Proxy px(config_spec(cfg));
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    FG_ADMIN_PORT(admin, px);
+
+    HttpClient c;
+    REQUIRE(c.connect(px.port()));
+    CHECK(is_2xx(c.request("POST", "/clean/a", token(3))));
+    CHECK(is_2xx(c.request("POST", "/a", token(7, {{"User-Agent", "good/1"}}))));
+    for (int i = 0; i < 2; ++i) CHECK(is_2xx(c.request("POST", "/a", {{"User-Agent", "legacy/0.9"}})));  // no token
+    CHECK(is_2xx(c.request("POST", "/a", token(6, {{"User-Agent", "zombie/2"}, {"Fencing-Leader", "old-b"}}))));
+
+    json ready;
+    REQUIRE(eventually(
+        [&] {
+          ready = admin_json(admin, "/v1/resources/ledger/readiness");
+          return ready.value("missing", 0) == 2 && ready.value("stale", 0) == 1;
+        },
+        15s));
+    INFO(ready.dump(1));
+    CHECK(ready["ready"] == false);
+    CHECK(ready["window"] == "24h");
+    CHECK(ready["mode"] == "observe");
+    REQUIRE(ready["callers"].size() == 2);
+    std::map<std::string, json> by;
+    for (const auto& k : ready["callers"]) by[k["user_agent"]] = k;
+    CHECK(by["legacy/0.9"]["missing"] == 2);
+    CHECK(by["legacy/0.9"]["stale"] == 0);
+    CHECK(by["zombie/2"]["stale"] == 1);
+    CHECK(by["zombie/2"]["leader"] == "old-b");
+    CHECK(by["zombie/2"]["last_seen"].is_string());
+    CHECK(ready["last_seen"].is_string());
+
+    json clean = admin_json(admin, "/v1/resources/clean/readiness?window=1h");
+    CHECK(clean["ready"] == true);
+    CHECK(clean["missing"] == 0);
+    CHECK(clean["stale"] == 0);
+    CHECK(clean["callers"].empty());
+
+  // A window that ended before the writes: nothing in it, ready.
+    std::this_thread::sleep_for(1100ms);
+    CHECK(admin_json(admin, "/v1/resources/ledger/readiness?window=1s")["ready"] == true);
+
+    for (const char* bad : {"?window=0h", "?window=24", "?window=h", "?window=-1h", "?window=2w", "?since=1"}) {
+      auto r = admin_get(admin, std::string("/v1/resources/ledger/readiness") + bad);
+      INFO(bad, " -> ", describe(r));
+      CHECK(r.code() == 400);
+    }
+    CHECK(request(admin, "POST", "/v1/resources/ledger/readiness", {}, {}, 10s).code() == 405);
+  }
+
+}  // TEST_SUITE operator_view
