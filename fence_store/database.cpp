@@ -297,6 +297,26 @@ std::string write_probe(sqlite3* db) {
   return e;
 }
 
+std::string room_probe(sqlite3* db, int pages) {
+  std::int64_t page_size = 0, cache = 0;
+  std::string msg;
+  if (!query_int(db, "PRAGMA page_size", &page_size, &msg) || !query_int(db, "PRAGMA cache_size", &cache, &msg))
+    return msg;
+  if (auto e = exec(db, "PRAGMA cache_size = 2"); !e.empty()) return e;
+  std::string e = exec(db, "BEGIN IMMEDIATE");
+  if (e.empty()) {
+    e = exec(db, "CREATE TABLE fencegate_room_probe(b BLOB)");
+    if (e.empty())
+      e = exec(db,
+               ("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < " + std::to_string(pages) +
+                ") INSERT INTO fencegate_room_probe SELECT zeroblob(" + std::to_string(page_size * 3 / 4) + ") FROM n")
+                   .c_str());
+    if (!sqlite3_get_autocommit(db)) exec(db, "ROLLBACK");
+  }
+  exec(db, ("PRAGMA cache_size = " + std::to_string(cache)).c_str());
+  return e;
+}
+
 // Sets up the writer connection: WAL, synchronous=FULL, schema. Returns "" or an error.
 std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (auto e = probe(db, path); !e.empty()) return e;

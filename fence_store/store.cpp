@@ -636,8 +636,9 @@ class OwnedStore final : public TestableStore {
     last_health_ = now;
     Status s = check_files();
     if (s.ok() && failing_) {
-      if (std::string e = write_probe(wdb_); !e.empty())
-        s = Status::Error("store commit failed on " + path_ + ": " + e);
+      std::string e = write_probe(wdb_);
+      if (e.empty()) e = room_probe(wdb_, kRoomProbePages);  // room for an advance, not only one page
+      if (!e.empty()) s = Status::Error("store commit failed on " + path_ + ": " + e);
     }
     if (s.ok() && !failing_) return;  // healthy and known to be
     failing_ = !s.ok();
@@ -655,6 +656,7 @@ class OwnedStore final : public TestableStore {
   }
 
   static constexpr std::chrono::milliseconds kHealthInterval{1000};
+  static constexpr int kRoomProbePages = 16;  // WAL frames a batch of new resources may need
   bool failing_ = false;     // the last commit or check failed (store thread only)
   bool files_lost_ = false;  // check_files() found them gone: no more commits (store thread only)
   std::string lost_why_;

@@ -4,6 +4,10 @@
 #include <atomic>
 #include <set>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "fence_store/store.h"
 #include "tests/integration/ops_harness.h"
 
@@ -191,6 +195,91 @@ TEST_SUITE("operator_view") {
       CHECK(r.code() == 400);
     }
     CHECK(request(admin, "POST", "/v1/resources/ledger/readiness", {}, {}, 10s).code() == 405);
+  }
+
+}  // TEST_SUITE operator_view
+
+namespace {
+
+// A small tmpfs mounted for one test (needs root and a kernel that lets us mount), unmounted at
+// the end. ok() false when it could not be mounted.
+class SmallFs {
+ public:
+  SmallFs(const std::string& at, const char* size) : at_(at) {
+    ::mkdir(at.c_str(), 0700);
+    ok_ = std::system(
+              ("mount -t tmpfs -o size=" + std::string(size) + " fencegate-test " + at + " 2>/dev/null").c_str()) == 0;
+  }
+  ~SmallFs() {
+    if (ok_) (void)std::system(("umount -l " + at_).c_str());
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  std::string at_;
+  bool ok_ = false;
+};
+
+// Fills the file system at `dir` with one file until it is full.
+void fill(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f);
+  std::string block(64 * 1024, 'x');
+  while (std::fwrite(block.data(), 1, block.size(), f) == block.size()) {
+  }
+  std::fclose(f);
+  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND);
+  while (fd >= 0 && ::write(fd, "x", 1) == 1) {
+  }
+  if (fd >= 0) ::close(fd);
+}
+
+}  // namespace
+
+TEST_SUITE("operator_view") {
+  TEST_CASE(
+      "operator view: /readyz is 503 with the reason while the store cannot advance (disk full), 200 again after") {
+    RecordingUpstream up;
+    Proxy px(config_spec(config_with_routes({route("/{id}", up.url(), "{id}", "enforce")})));
+    FG_LOG_ON_FAILURE(px);
+    SmallFs fs(px.dir().file("mnt"), "8m");  // room for the WAL sized up front (~4 MiB)
+    if (!fs.ok()) {
+      MESSAGE("skipped: cannot mount a tmpfs here (needs root); /readyz under a full disk is not tested");
+      return;
+    }
+    write_file(px.dir().file("mnt/fence.db"), "");  // (the store opens a symlink only to what exists)
+    REQUIRE(::symlink(px.dir().file("mnt/fence.db").c_str(), px.db().c_str()) == 0);
+    FG_START(px);
+    FG_ADMIN_PORT(admin, px);
+    HttpClient c;
+    REQUIRE(c.connect(px.port()));
+    CHECK(is_2xx(c.request("POST", "/first", token(1))));
+    CHECK(admin_get(admin, "/readyz").code() == 200);
+
+    fill(px.dir().file("mnt/filler"));
+    // New resources until one cannot be committed: the WAL, sized up front, takes commits until a
+    // checkpoint must grow the database file.
+    int refused = 0;
+    HttpClient w;
+    REQUIRE(w.connect(px.port()));
+    for (int i = 0; i < 6000 && refused == 0; ++i) {
+      auto r = w.request("POST", "/new" + std::to_string(i) + std::string(200, 'n'), token(1));
+      if (r.code() == 503) ++refused;
+      else REQUIRE_MESSAGE(is_2xx(r), describe(r));
+    }
+    REQUIRE(refused > 0);
+    auto rz = admin_get(admin, "/readyz");
+    INFO(describe(rz));
+    CHECK(rz.code() == 503);
+    CHECK(body_json(rz).value("reason", std::string()).find("store") != std::string::npos);
+    // It stays not ready while advances still fail (the store's idle check must not call it healthy).
+    std::this_thread::sleep_for(2500ms);
+    CHECK(admin_get(admin, "/readyz").code() == 503);
+    ::unlink(px.dir().file("mnt/filler").c_str());
+    CHECK(eventually([&] { return admin_get(admin, "/readyz").code() == 200; }, 20s));
+    HttpClient after;
+    REQUIRE(after.connect(px.port()));
+    CHECK(is_2xx(after.request("POST", "/after", token(1))));
   }
 
 }  // TEST_SUITE operator_view
