@@ -10,6 +10,7 @@
 #include "config/router.h"
 #include "proxy/admin_query.h"
 #include "proxy/admin_session.h"
+#include "proxy/admin_ui.h"
 #include "proxy/runtime.h"
 
 namespace fencegate::proxy::admin_detail {
@@ -64,6 +65,7 @@ constexpr Endpoint kEndpoints[] = {
     {"GET", "/readyz",
      "200 when it can serve safely (store writable, config loaded, not stopping); else 503 with the reason"},
     {"GET", "/metrics", "Prometheus metrics (fencegate_ prefix)"},
+    {"GET", "/ui", "the status page (HTML): resources, live tail of refusals, unfenced callers, ready to enforce"},
     {"GET", "/v1/resources",
      "resources by name: generation, mode, when and by whom it last advanced, in-flight writes; "
      "?limit=&cursor=&prefix=&mode= (no limit: all)"},
@@ -108,18 +110,44 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
   // could raise any resource to 2^63-1 (every later write 409), and a DNS-rebinding page could
   // read the audit log. Browsers mark such requests (Origin on cross-origin requests and on every
   // POST; Sec-Fetch-Site), and a rebinding page's Host is its own name. Command-line clients
-  // (curl, fencegate elect, scripts) send none of these.
+  // (curl, fencegate elect, scripts) send none of these. The one page let in is the status page
+  // (GET /ui) this listener serves itself: its same-origin reads, and a write only with the
+  // custom Fencegate-UI header and the bearer token (checked below; never without a token).
   {
-    std::string_view site;
-    const bool from_page = h.count("Origin") > 0 || (h.count("Sec-Fetch-Site", &site) > 0 && !iequals(site, "none"));
-    std::string_view host;
-    const bool foreign_host = cfg.admin.token.empty() && h.count("Host", &host) == 1 && !loopback_host_ok(host);
-    if (from_page || foreign_host)
+    std::string_view site, origin, host;
+    const bool has_site = h.count("Sec-Fetch-Site", &site) == 1;
+    const bool has_origin = h.count("Origin", &origin) > 0;
+    const bool from_page = has_origin || h.count("Sec-Fetch-Site") > 1 || (has_site && !iequals(site, "none"));
+    const bool one_host = h.count("Host", &host) == 1;
+    const bool foreign_host = cfg.admin.token.empty() && one_host && !loopback_host_ok(host);
+    // Same-origin by the browser's own word (a page cannot set Sec-Fetch-Site), and an Origin, when
+    // sent, that is this very Host.
+    const bool same_origin = has_site && iequals(site, "same-origin") && one_host &&
+                             (!has_origin || (h.count("Origin") == 1 && origin == "http://" + std::string(host)));
+    const bool page_ok = same_origin && (get || (h.count(kUiHeader) == 1 && !cfg.admin.token.empty()));
+    if ((from_page && !page_ok) || foreign_host)
       co_return problem(403, "browser-request", "Forbidden",
-                        from_page ? "the admin API does not take requests from web pages (Origin or Sec-Fetch-Site "
-                                    "present)"
-                                  : "without an admin token the admin API answers only to Host localhost or an IP "
-                                    "address");
+                        foreign_host ? "without an admin token the admin API answers only to Host localhost or an IP "
+                                       "address"
+                        : same_origin
+                            ? "a state-changing request from the status page needs the admin token and the " +
+                                  std::string(kUiHeader) + " header"
+                            : "the admin API does not take requests from web pages (Origin or Sec-Fetch-Site present) "
+                              "other than the status page's own");
+  }
+
+  // The status page: static, no data in it (it reads the API like any client), so it needs no token.
+  if (path == "/ui") {
+    if (!get) {
+      Reply r = problem(405, "method-not-allowed", "Method not allowed", "the status page answers GET and HEAD");
+      r.extra_headers = "Allow: GET, HEAD\r\n";
+      co_return r;
+    }
+    Reply r;
+    r.content_type = "text/html; charset=utf-8";
+    r.body = std::string(admin_ui_page());
+    r.extra_headers = std::string(admin_ui_headers());
+    co_return r;
   }
 
   if (!cfg.admin.token.empty()) {

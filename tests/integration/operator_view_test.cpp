@@ -283,3 +283,88 @@ TEST_SUITE("operator_view") {
   }
 
 }  // TEST_SUITE operator_view
+
+TEST_SUITE("operator_view") {
+  TEST_CASE("operator view: GET /ui is one self-contained page; only its own same-origin reads are let in") {
+    RecordingUpstream up;
+    Proxy px(config_spec(config_with_routes({route("/", up.url(), "ledger", "enforce")})));
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    FG_ADMIN_PORT(admin, px);
+    const std::string host = "127.0.0.1:" + std::to_string(admin);
+
+    auto page = admin_get(admin, "/ui", {{"Sec-Fetch-Site", "none"}});  // typed into the address bar
+    REQUIRE(page.code() == 200);
+    CHECK(page.response.header("Content-Type").find("text/html") == 0);
+    const std::string csp = page.response.header("Content-Security-Policy");
+    CHECK(csp.find("default-src 'none'") != std::string::npos);
+    CHECK(csp.find("connect-src 'self'") != std::string::npos);
+    CHECK(csp.find("frame-ancestors 'none'") != std::string::npos);
+    CHECK(page.response.header("X-Frame-Options") == "DENY");
+  // No external assets: nothing is loaded from anywhere but the page itself.
+    for (const char* ext : {"http://", "https://", "//cdn", "src=\"", "href=\"", "@import", "url("})
+      CHECK_MESSAGE(page.response.body.find(ext) == std::string::npos, "the page refers to ", ext);
+
+  // The page's own reads: same-origin, with or without an Origin of this very host.
+    CHECK(admin_get(admin, "/v1/resources", {{"Sec-Fetch-Site", "same-origin"}}).code() == 200);
+    CHECK(
+        admin_get(admin, "/v1/audit", {{"Host", host}, {"Sec-Fetch-Site", "same-origin"}, {"Origin", "http://" + host}})
+            .code() == 200);
+  // Anything else a browser marks stays refused.
+    CHECK(admin_get(admin, "/v1/resources", {{"Sec-Fetch-Site", "cross-site"}}).code() == 403);
+    CHECK(admin_get(admin, "/v1/resources", {{"Sec-Fetch-Site", "same-site"}}).code() == 403);
+    CHECK(admin_get(admin, "/ui", {{"Sec-Fetch-Site", "cross-site"}}).code() == 403);
+    CHECK(
+        admin_get(admin, "/v1/audit", {{"Sec-Fetch-Site", "same-origin"}, {"Origin", "http://evil.example"}}).code() ==
+        403);
+    CHECK(admin_get(admin, "/v1/audit", {{"Origin", "http://" + host}}).code() == 403);  // no Sec-Fetch-Site
+  // A DNS-rebinding page is same-origin to the browser, but its Host is its own name.
+    CHECK(admin_get(admin, "/ui", {{"Host", "evil.example:" + std::to_string(admin)}}).code() == 403);
+    CHECK(admin_get(admin, "/v1/resources", {{"Host", "evil.example"}, {"Sec-Fetch-Site", "same-origin"}}).code() ==
+          403);
+  // A write from the page, even with the custom header: no token is configured, so never.
+    const Headers ui_write{{"Host", host},
+                           {"Sec-Fetch-Site", "same-origin"},
+                           {"Origin", "http://" + host},
+                           {"Fencegate-UI", "1"}};
+    auto w = request(admin, "POST", "/v1/resources/ledger/fence", ui_write, R"({"generation": 9})", 10s);
+    CHECK(w.code() == 403);
+    CHECK(admin_json(admin, "/v1/resources")["resources"].empty());  // nothing was fenced
+    CHECK(request(admin, "POST", "/ui", {}, {}, 10s).code() == 405);
+  }
+
+  TEST_CASE(
+      "operator view: with an admin token the page loads without it, reads need it, a write needs it and the header") {
+    RecordingUpstream up;
+    TempDir t("fencegate-ui-token");
+    write_file(t.file("admin.token"), "s3cret-token-for-ui-tests\n");
+    ::chmod(t.file("admin.token").c_str(), 0600);
+    json cfg = config_with_routes({route("/", up.url(), "ledger", "enforce")});
+    cfg["admin"] = {{"listen", "127.0.0.1:0"}, {"token_file", t.file("admin.token")}};
+    Proxy px(config_spec(cfg));
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    FG_ADMIN_PORT(admin, px);
+    const std::string host = "127.0.0.1:" + std::to_string(admin);
+    const std::string tok = "s3cret-token-for-ui-tests";
+
+    CHECK(admin_get(admin, "/ui").code() == 200);  // static: no data in it
+    CHECK(admin_get(admin, "/v1/resources", {{"Sec-Fetch-Site", "same-origin"}}).code() == 401);
+    CHECK(admin_get(admin, "/v1/resources", bearer(tok, {{"Sec-Fetch-Site", "same-origin"}})).code() == 200);
+    const Headers page{{"Host", host}, {"Sec-Fetch-Site", "same-origin"}, {"Origin", "http://" + host}};
+  // Token but no custom header: refused (a cross-site form cannot add a header; neither can this).
+    CHECK(request(admin, "POST", "/v1/resources/ledger/fence", bearer(tok, page), R"({"generation": 9})", 10s).code() ==
+          403);
+    Headers with_header = page;
+    with_header.emplace_back("Fencegate-UI", "1");
+  // Header but no token: 401.
+    CHECK(request(admin, "POST", "/v1/resources/ledger/fence", with_header, R"({"generation": 9})", 10s).code() == 401);
+  // Both: the fence is made.
+    auto ok =
+        request(admin, "POST", "/v1/resources/ledger/fence", bearer(tok, with_header), R"({"generation": 9})", 30s);
+    INFO(describe(ok));
+    CHECK(ok.code() == 200);
+    CHECK(admin_json(admin, "/v1/resources/ledger", 200, bearer(tok))["generation"] == 9);
+  }
+
+}  // TEST_SUITE operator_view
