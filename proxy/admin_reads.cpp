@@ -6,6 +6,7 @@
 #include "config/router.h"
 #include "proxy/admin_query.h"
 #include "proxy/admin_session.h"
+#include "proxy/authority.h"
 #include "proxy/metrics.h"
 #include "proxy/runtime.h"
 #include "proxy/timefmt.h"
@@ -56,6 +57,25 @@ Reply AdminSession::metrics() {
   std::string why;
   out += "# HELP fencegate_store_ok 1 if the last store commit succeeded.\n# TYPE fencegate_store_ok gauge\n";
   out += std::string("fencegate_store_ok ") + (rt.store_ok(&why) ? "1" : "0") + "\n";
+  // Election authorities (routes with an "authority"), one series per election: whether etcd's
+  // view is current (reachable within the leader's lease window, in sync) and the leader's
+  // generation (0: no leader). The alerts on a lost or flapping election use these.
+  std::map<std::string, Authority::Health> elections;
+  if (rt.authorities)
+    for (const auto& route : rt.snapshot()->cfg->routes)
+      if (Authority* au = rt.authorities->for_route(route)) elections.emplace(au->config().election, au->health());
+  out += "# HELP fencegate_authority_available 1 while the election authority's view of etcd is current.\n";
+  out += "# TYPE fencegate_authority_available gauge\n";
+  for (const auto& [name, h] : elections)
+    out += "fencegate_authority_available{election=\"" + prom_escape(name) + "\"} " +
+           (h.available && h.synced ? "1" : "0") + "\n";
+  out += "# HELP fencegate_authority_leader_generation The election's current leader generation (0: none).\n";
+  out += "# TYPE fencegate_authority_leader_generation gauge\n";
+  for (const auto& [name, h] : elections)
+    out += "fencegate_authority_leader_generation{election=\"" + prom_escape(name) + "\"} " + std::to_string(h.leader) +
+           "\n";
+  out += "# HELP fencegate_ready 1 while GET /readyz answers 200.\n# TYPE fencegate_ready gauge\n";
+  out += std::string("fencegate_ready ") + (readyz().status == 200 ? "1" : "0") + "\n";
   Reply r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   r.body = std::move(out);
