@@ -317,6 +317,15 @@ std::string room_probe(sqlite3* db, int pages) {
   return e;
 }
 
+bool has_column(sqlite3* db, const char* table, const char* column) {
+  sqlite3_stmt* st = nullptr;
+  bool found = false;
+  if (sqlite3_prepare_v2(db, ("PRAGMA table_info(" + std::string(table) + ")").c_str(), -1, &st, nullptr) == SQLITE_OK)
+    while (!found && sqlite3_step(st) == SQLITE_ROW) found = col_text(st, 1) == column;
+  sqlite3_finalize(st);
+  return found;
+}
+
 // Sets up the writer connection: WAL, synchronous=FULL, schema. Returns "" or an error.
 std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (auto e = probe(db, path); !e.empty()) return e;
@@ -333,6 +342,12 @@ std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (auto e = exec(db, "PRAGMA synchronous = FULL"); !e.empty())
     return "cannot set synchronous=FULL on database " + path + ": " + e;
   if (auto e = migrate(db, path); !e.empty()) return e;
+  // Additive migration, without a schema version of its own: audit rows gained `traceparent` (the
+  // request's W3C trace context). A database from before gets the column (empty in its old rows)
+  // the first time it is opened for writing; an older fencegate still reads and writes it.
+  if (!has_column(db, "audit", "traceparent"))
+    if (auto e = exec(db, "ALTER TABLE audit ADD COLUMN traceparent TEXT NOT NULL DEFAULT ''"); !e.empty())
+      return "cannot add the audit log's traceparent column to database " + path + ": " + e;
   size_wal(db, path);
   return {};
 }

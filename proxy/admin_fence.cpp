@@ -13,6 +13,7 @@
 #include "proxy/metrics.h"
 #include "proxy/runtime.h"
 #include "proxy/token.h"
+#include "proxy/traceparent.h"
 
 namespace fencegate::proxy::admin_detail {
 
@@ -151,6 +152,7 @@ awaitable<Reply> AdminSession::fence(const std::string& resource, const RequestH
   }
   // Refused. A stale barrier is audited durably before it is answered, as a stale write is.
   if (a.audit && a.audit_durable) {
+    a.audit->traceparent = traceparent_of(h);
     store::Status st = co_await audit_sync(std::move(*a.audit));
     if (!st.ok()) audit_failed(a, st);
   }
@@ -218,6 +220,7 @@ awaitable<Reply> AdminSession::delete_resource(const std::string& resource, cons
   row.client = ig ? std::string() : ep.address().to_string();
   row.mode = mode_of(rt.snapshot()->router, resource);
   row.user_agent = clipped(h.user_agent(), 512);
+  row.traceparent = traceparent_of(h);
   const std::string client = row.client;  // the row is moved into the store below
   if (store::Status ast = co_await audit_sync(std::move(row)); !ast.ok())
     log::warn("resource deleted, but its audit row could not be made durable",

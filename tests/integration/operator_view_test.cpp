@@ -368,3 +368,100 @@ TEST_SUITE("operator_view") {
   }
 
 }  // TEST_SUITE operator_view
+
+TEST_SUITE("operator_view") {
+
+TEST_CASE("operator view: a request's W3C traceparent is kept in its audit row and its log line") {
+  RecordingUpstream up;
+  Proxy px(config_spec(config_with_routes(
+      {route("/obs/", up.url(), "obs", "observe"), route("/", up.url(), "ledger", "enforce")})));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  const std::string tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  HttpClient c;
+  REQUIRE(c.connect(px.port()));
+  CHECK(is_2xx(c.request("POST", "/w", token(5))));
+  CHECK(c.request("POST", "/w", token(4, {{"traceparent", tp}})).code() == 409);  // durable audit
+  CHECK(is_2xx(c.request("POST", "/obs/w", {{"traceparent", tp}})));               // observe: background audit
+  CHECK(c.request("POST", "/w", token(3, {{"traceparent", "00-not-a-trace"}})).code() == 409);
+  CHECK(c.request("POST", "/w", token(3, {{"traceparent", tp}, {"traceparent", tp}})).code() == 409);
+
+  json rows;
+  REQUIRE(eventually(
+      [&] {
+        rows = admin_json(admin, "/v1/audit")["rows"];
+        return rows.size() == 4;
+      },
+      15s));
+  INFO(rows.dump(1));
+  // Newest first: two stale writes with a bad or repeated traceparent, then observe's, then the first stale one.
+  CHECK(rows[0]["traceparent"] == "");
+  CHECK(rows[1]["traceparent"] == "");
+  std::set<std::string> with;
+  for (const auto& r : rows)
+    if (r["traceparent"] == tp) with.insert(r["decision"].get<std::string>());
+  CHECK(with == std::set<std::string>{"rejected_stale", "would_reject_missing"});
+  // Findable from the trace in the log too.
+  CHECK(eventually([&] { return px.log().find("\"traceparent\":\"" + tp + "\"") != std::string::npos; }));
+  // And in `fencegate audit --json`.
+  auto cli = run_command({kFencegate, "audit", "--db", px.db(), "--json", "--decision", "rejected_stale"});
+  INFO(cli.out, cli.err);
+  CHECK(cli.code() == 0);
+  CHECK(cli.out.find("\"traceparent\":\"" + tp + "\"") != std::string::npos);
+}
+
+TEST_CASE("operator view: a database from before traceparent gains the column when opened, old rows read empty") {
+  TempDir t("fencegate-tp-migrate");
+  const std::string db = t.file("fence.db");
+  // The schema as it was (version 1, no traceparent column), with one audit row.
+  auto made = run_command(
+      {"/usr/bin/sqlite3", db,
+       "CREATE TABLE resources(resource TEXT PRIMARY KEY, generation INTEGER NOT NULL, advanced_at_ms INTEGER NOT "
+       "NULL, advanced_by TEXT NOT NULL);"
+       "CREATE TABLE audit(id INTEGER PRIMARY KEY AUTOINCREMENT, time_ms INTEGER NOT NULL, resource TEXT NOT NULL, "
+       "decision TEXT NOT NULL, presented_generation INTEGER NOT NULL, current_generation INTEGER NOT NULL, method "
+       "TEXT NOT NULL, target TEXT NOT NULL, client TEXT NOT NULL, leader TEXT NOT NULL, mode TEXT NOT NULL, "
+       "user_agent TEXT NOT NULL);"
+       "CREATE INDEX audit_resource_id ON audit(resource, id); CREATE INDEX audit_decision_id ON audit(decision, id);"
+       "CREATE INDEX audit_time ON audit(time_ms);"
+       "INSERT INTO audit VALUES(1, 1740823200000, 'ledger', 'rejected_stale', 3, 5, 'POST', '/w', '127.0.0.1', '', "
+       "'enforce', 'old/1');"
+       "PRAGMA user_version = 1;"},
+      10s);
+  REQUIRE_MESSAGE(made.code() == 0, made.err);
+  // Read-only first (fencegate audit): the old rows read with an empty traceparent.
+  auto before = run_command({kFencegate, "audit", "--db", db, "--json"});
+  INFO(before.out, before.err);
+  CHECK(before.code() == 0);
+  CHECK(before.out.find("\"traceparent\":\"\"") != std::string::npos);
+  // Opened for writing: the column is added, the old row kept, new rows carry the value.
+  std::string err;
+  {
+    auto st = fencegate::store::Store::open(db, &err);
+    REQUIRE_MESSAGE(st, err);
+    fencegate::store::AuditRow row;
+    row.resource = "ledger";
+    row.decision = "rejected_stale";
+    row.traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    std::atomic<bool> done{false};
+    st->append_audit(row, [&](const fencegate::store::Status& s) {
+      CHECK(s.ok());
+      done = true;
+    });
+    REQUIRE(eventually([&] { return done.load(); }));
+    fencegate::store::Status qs = fencegate::store::Status::OK();
+    auto rows = st->query_audit({}, &qs);
+    REQUIRE(qs.ok());
+    REQUIRE(rows.size() == 2);
+    CHECK(rows[0].row.traceparent == row.traceparent);
+    CHECK(rows[1].row.traceparent.empty());
+    CHECK(rows[1].row.user_agent == "old/1");
+  }
+  auto cols = run_command({"/usr/bin/sqlite3", "-readonly", db, "SELECT count(*) FROM pragma_table_info('audit') WHERE "
+                                                                "name = 'traceparent'; PRAGMA user_version;"},
+                          10s);
+  CHECK(cols.out == "1\n1\n");
+}
+
+}  // TEST_SUITE operator_view
