@@ -50,7 +50,7 @@ Reply AdminSession::readiness(const std::string& resource, const std::map<std::s
   Runtime& rt = admin_.rt;
   for (const auto& [k, _] : q)
     if (k != "window") return problem(400, "bad-query", "Bad request", "unknown parameter \"" + k + "\"");
-  const std::string w = q.count("window") ? param(q, "window") : std::string("24h");
+  const std::string w = q.contains("window") ? param(q, "window") : std::string("24h");
   const std::int64_t win = window_ms(w);
   if (win == 0)
     return problem(400, "bad-query", "Bad request",
