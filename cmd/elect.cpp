@@ -17,6 +17,7 @@
 
 #include "cmd/cmd.h"
 #include "common/flags.h"
+#include "election_client/backend.h"
 #include "election_client/elector.h"
 #include "election_client/etcd_client.h"
 #include "election_client/guardian.h"
@@ -28,10 +29,11 @@ namespace fencegate::cmd {
 namespace {
 
 constexpr const char* kElectUsage =
-    "Usage: fencegate elect --etcd URLS --election NAME [flags] -- COMMAND [ARGS...]\n"
+    "Usage: fencegate elect (--coordinator URL | --etcd URLS) --election NAME [flags] -- COMMAND [ARGS...]\n"
     "\n"
-    "Campaigns for leadership of NAME in etcd and runs COMMAND only while it holds it, with the\n"
-    "fencing token (the leader key's creation revision) in FENCING_TOKEN.\n"
+    "Campaigns for leadership of NAME in etcd, ZooKeeper or Redis and runs COMMAND only while it\n"
+    "holds it, with the fencing token in FENCING_TOKEN (etcd: the leader key's creation revision;\n"
+    "ZooKeeper: the leader node's czxid; Redis: the lock's generation counter).\n"
     "\n"
     "  1. grants a lease (--ttl) and keeps it alive; campaigns with --id as the value;\n"
     "  2. once elected, POSTs {\"generation\": N, \"leader\": ID} (and Fencing-Token: N) to\n"
@@ -59,8 +61,14 @@ constexpr const char* kElectUsage =
     "  stopped: keep the command's work in its group.\n"
     "\n"
     "Flags:\n"
-    "  --etcd URLS              etcd client URLs, comma-separated (http://host:port), required\n"
-    "  --election NAME          election name (the key prefix is NAME/), required\n"
+    "  --coordinator URL        etcd://host:port[,host:port], zk://host:port[,host:port][/chroot]\n"
+    "                           or redis://host:port[/db] (docs/elections.md)\n"
+    "  --etcd URLS              etcd client URLs, comma-separated (http://host:port): the same as\n"
+    "                           --coordinator etcd://...\n"
+    "  --zk-auth FILE           ZooKeeper digest auth: FILE holds user:password (mode 0600/0400)\n"
+    "  --redis-auth FILE        Redis AUTH: FILE holds password or user:password (mode 0600/0400)\n"
+    "  --election NAME          election name (etcd: the key prefix NAME/; ZooKeeper: the node\n"
+    "                           /NAME under the chroot; Redis: the keys fencegate:election:NAME:*)\n"
     "  --id NAME                leader identity (FENCING_LEADER_ID); default hostname:pid\n"
     "  --ttl SECONDS            lease TTL, 2..3600 (default 10); renewals every TTL/3\n"
     "  --fence URL              a fencegate admin resource URL, e.g.\n"
@@ -79,6 +87,9 @@ constexpr const char* kElectUsage =
 
 constexpr std::array kElectFlags = {
     flags::Flag{"--etcd"},
+    flags::Flag{"--coordinator"},
+    flags::Flag{"--zk-auth"},
+    flags::Flag{"--redis-auth"},
     flags::Flag{"--election"},
     flags::Flag{"--id"},
     flags::Flag{"--ttl"},
@@ -117,11 +128,37 @@ void take_integer(const flags::Item& item, std::int64_t lo, std::int64_t hi, std
                      " (got \"" + item.value + "\")");
 }
 
+std::string coordinator_from_flags(const CoordinatorFlags& flags, election::Coordinator* out) {
+  const auto& [coordinator, etcd, zk_auth, redis_auth] = flags;
+  std::string why;
+  if (!coordinator.empty() && !etcd.empty()) return "--coordinator and --etcd: give one of them";
+  if (coordinator.empty() && etcd.empty())
+    return "--coordinator: required (etcd://host:port, zk://host:port/chroot, redis://host:port/db; or --etcd: "
+           "required (e.g. http://127.0.0.1:2379))";
+  if (!etcd.empty()) {
+    out->kind = election::Coordinator::Kind::etcd;
+    out->text = etcd;
+    if (!election::parse_endpoint_list(etcd, &out->endpoints, &why)) return "--etcd: " + why;
+  } else if (!election::parse_coordinator(coordinator, out, &why)) {
+    return "--coordinator: " + why;
+  }
+  using Kind = election::Coordinator::Kind;
+  if (!zk_auth.empty()) {
+    if (out->kind != Kind::zookeeper) return "--zk-auth: only for a zk:// coordinator";
+    if (auto e = election::read_coordinator_auth(zk_auth, out); !e.empty()) return "--zk-auth: " + e;
+  }
+  if (!redis_auth.empty()) {
+    if (out->kind != Kind::redis) return "--redis-auth: only for a redis:// coordinator";
+    if (auto e = election::read_coordinator_auth(redis_auth, out); !e.empty()) return "--redis-auth: " + e;
+  }
+  return {};
+}
+
 int run_elect(const std::vector<std::string>& args) {
   election::note_inherited_fds();
   election::ElectOptions f;
   std::vector<std::string> errors;
-  std::string etcd, level = "info", token_file;
+  std::string etcd, coordinator, zk_auth, redis_auth, level = "info", token_file;
   bool id_given = false;
   flags::Rules rules;
   rules.dashdash_ends_flags = true;
@@ -150,6 +187,12 @@ int run_elect(const std::vector<std::string>& args) {
       f.recampaign = true;
     } else if (name == "--etcd") {
       take_text(etcd);
+    } else if (name == "--coordinator") {
+      take_text(coordinator);
+    } else if (name == "--zk-auth") {
+      take_text(zk_auth);
+    } else if (name == "--redis-auth") {
+      take_text(redis_auth);
     } else if (name == "--election") {
       take_text(f.election);
     } else if (name == "--id") {
@@ -178,8 +221,8 @@ int run_elect(const std::vector<std::string>& args) {
   }
   f.command = parsed.rest;
   std::string why;
-  if (etcd.empty()) errors.push_back("--etcd: required (e.g. http://127.0.0.1:2379)");
-  else if (!election::parse_endpoint_list(etcd, &f.etcd, &why)) errors.push_back("--etcd: " + why);
+  if (std::string e = coordinator_from_flags({coordinator, etcd, zk_auth, redis_auth}, &f.coordinator); !e.empty())
+    errors.push_back(e);
   if (std::string e = election_name_error(f.election); !e.empty()) errors.push_back(e);
   if (id_given && f.id.empty()) errors.push_back("--id: must not be empty (leave it out for hostname:pid)");
   if (f.id.size() > 256)  // the sidecars would refuse it as Fencing-Leader (max_leader_bytes) after winning

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "election_client/backend.h"
 #include "election_client/http_conn.h"
 
 namespace fencegate::election {
@@ -37,7 +38,7 @@ constexpr int kExitFenceFailed = 76;      // the activation barrier could not be
 
 // What one elect run does; validated by the caller (cmd/elect.cpp).
 struct ElectOptions {
-  std::vector<std::string> etcd;  // normalised endpoints, at least one
+  Coordinator coordinator;  // etcd, ZooKeeper or Redis (backend.h)
   std::string election;
   std::string id;  // FENCING_LEADER_ID; never empty
   std::int64_t ttl = 10;
