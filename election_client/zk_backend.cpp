@@ -435,7 +435,7 @@ class ZkBackend final : public Backend {
   }
 
   Status leader(const std::string& election, milliseconds timeout, LeaderInfo* out) override {
-    if (Status st = make_chroot(); !st.ok()) return st;
+    // A read: a chroot that does not exist holds no election (no leader), it is not made here.
     Session s;
     if (Status st = s.open(hosts_of(c_, true), std::max(timeout, milliseconds(4000)), c_.auth, timeout); !st.ok())
       return st;

@@ -1,0 +1,318 @@
+// `fencegate elect` / `fencegate leader` over ZooKeeper and Redis (election_client/backend.h):
+// the real binary against a real server started here, a real `fencegate serve` in front of a
+// recording upstream as the fenced resource.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "election_client/backend.h"
+#include "tests/election/coord_harness.h"
+#include "tests/support/http_client.h"
+#include "tests/support/net_util.h"
+#include "tests/support/upstream.h"
+
+using namespace fencegate::testing;
+using json = nlohmann::json;
+
+namespace {
+
+std::string logs_of(const std::vector<const Contender*>& cs) {
+  std::string s;
+  for (const Contender* c : cs) s += "--- " + c->name + " log:\n" + c->log();
+  return s;
+}
+
+// A fencegate serve with one resource "ledger" in front of a recording upstream.
+struct FencedResource {
+  explicit FencedResource(const TempDir& dir)
+      : data_port(free_port()),
+        admin_port(free_port()),
+        serve(Process::start({kFencegate, "serve", "--listen", "127.0.0.1:" + std::to_string(data_port), "--upstream",
+                              upstream.url(), "--resource", "ledger", "--db", dir.file("fence.db"), "--admin-listen",
+                              "127.0.0.1:" + std::to_string(admin_port)},
+                             ProcessOptions{dir.file("serve.log"), {}, {}})),
+        log_path(dir.file("serve.log")) {}
+  bool wait() { return serve.wait_for_port(data_port) && serve.wait_for_port(admin_port); }
+  std::string fence_url() const { return "http://127.0.0.1:" + std::to_string(admin_port) + "/v1/resources/ledger"; }
+  std::int64_t generation() {
+    auto r = request(admin_port, "GET", "/v1/resources/ledger");
+    if (r.code() != 200) return 0;
+    return json::parse(r.response.body).value("generation", std::int64_t{0});
+  }
+  int write(std::int64_t token) {
+    return request(data_port, "POST", "/charge", {{"Fencing-Token", std::to_string(token)}}).code();
+  }
+
+  RecordingUpstream upstream;
+  std::uint16_t data_port, admin_port;
+  Process serve;
+  std::string log_path;
+};
+
+CommandResult leader_of(const std::string& coordinator, const std::string& election,
+                        const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> argv{kFencegate, "leader", "--coordinator", coordinator, "--election", election};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return run_command(argv, 15s);
+}
+
+// Two workers; the leader is SIGSTOPped past its TTL; the successor fences and writes; the old one
+// resumes: its command was killed (by its guardian, at the lease's earliest expiry), elect exits
+// 75, and its token is refused 409 at the resource. `leader` then prints the successor.
+void failover_scenario(const std::string& coordinator, const std::vector<std::string>& extra = {}) {
+  TempDir dir("fencegate-backend");
+  FencedResource res(dir);
+  REQUIRE_MESSAGE(res.wait(), read_file(res.log_path));
+  auto flags = [&](const std::string& id) {
+    std::vector<std::string> f{"--coordinator", coordinator, "--election", "ledger", "--id",    id,
+                               "--ttl",         "2",         "--grace-ms", "1000",   "--fence", res.fence_url()};
+    f.insert(f.end(), extra.begin(), extra.end());
+    return f;
+  };
+  Contender a = start_contender(dir.path(), "a", flags("worker-a"));
+  INFO(logs_of({&a}));
+  REQUIRE(eventually([&] { return a.started_command(); }, 15s));
+  const std::int64_t ta = a.token();
+  CHECK(ta > 0);
+  CHECK(res.generation() == ta);  // fenced before the command ran
+  const pid_t a_child = a.child_pid();
+  REQUIRE(pid_alive(a_child));
+  CHECK(res.write(ta) == 200);
+  {
+    auto l = leader_of(coordinator, "ledger", extra);
+    REQUIRE_MESSAGE(l.code() == 0, l.err);
+    CHECK(json::parse(l.out) == json{{"election", "ledger"}, {"leader", "worker-a"}, {"token", ta}});
+  }
+
+  Contender b = start_contender(dir.path(), "b", flags("worker-b"));
+  std::this_thread::sleep_for(1000ms);
+  CHECK_FALSE(b.started_command());  // waiting
+
+  a.process->kill(SIGSTOP);
+  const auto stopped_at = Clock::now();
+  const bool b_won = eventually([&] { return b.started_command(); }, 15s);
+  INFO(logs_of({&a, &b}));
+  REQUIRE(b_won);
+  const std::int64_t tb = b.token();
+  CHECK(tb > ta);
+  CHECK(res.generation() == tb);
+  MESSAGE("B took over ", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at).count(),
+          " ms after A was stopped");
+  CHECK_FALSE(pid_alive(a_child));  // the guardian killed it at A's earliest expiry
+  CHECK(res.write(tb) == 200);
+
+  a.process->kill(SIGCONT);
+  auto st = a.process->wait_for(10s);
+  REQUIRE(st.has_value());
+  CHECK(st->exited);
+  CHECK(st->code == 75);
+  CHECK(a.log().find("leadership lost") != std::string::npos);
+  CHECK(res.write(ta) == 409);  // the old leader is refused at the resource
+  CHECK(res.write(tb) == 200);
+
+  auto l = leader_of(coordinator, "ledger", extra);
+  REQUIRE_MESSAGE(l.code() == 0, l.err);
+  CHECK(json::parse(l.out) == json{{"election", "ledger"}, {"leader", "worker-b"}, {"token", tb}});
+  b.process->kill(SIGTERM);
+  auto bs = b.process->wait_for(10s);
+  REQUIRE(bs.has_value());
+  CHECK(bs->code == 128 + SIGTERM);
+  // B resigned: no leader now.
+  CHECK(leader_of(coordinator, "ledger", extra).code() == 3);
+}
+
+std::string secret_file(const TempDir& dir, const std::string& name, const std::string& text, mode_t mode = 0600) {
+  const std::string p = dir.file(name);
+  write_file(p, text);
+  ::chmod(p.c_str(), mode);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("coordinator URLs: etcd://, zk:// with chroot, redis:// with db; bad ones are refused") {
+  using fencegate::election::Coordinator;
+  using fencegate::election::parse_coordinator;
+  Coordinator c;
+  std::string why;
+  REQUIRE(parse_coordinator("etcd://127.0.0.1:2379,etcd-b:2379", &c, &why));
+  CHECK(c.kind == Coordinator::Kind::etcd);
+  CHECK(c.endpoints == std::vector<std::string>{"http://127.0.0.1:2379", "http://etcd-b:2379"});
+  REQUIRE(parse_coordinator("zk://a:2181,b:2182/apps/billing/", &c, &why));
+  CHECK(c.kind == Coordinator::Kind::zookeeper);
+  CHECK(c.endpoints == std::vector<std::string>{"a:2181", "b:2182"});
+  CHECK(c.chroot == "/apps/billing");
+  REQUIRE(parse_coordinator("redis://127.0.0.1:6380/3", &c, &why));
+  CHECK(c.kind == Coordinator::Kind::redis);
+  CHECK(c.endpoints == std::vector<std::string>{"127.0.0.1:6380"});
+  CHECK(c.db == 3);
+  REQUIRE(parse_coordinator("redis://localhost", &c, &why));
+  CHECK(c.endpoints == std::vector<std::string>{"localhost:6379"});
+  CHECK_FALSE(parse_coordinator("http://127.0.0.1:2379", &c, &why));
+  CHECK(why.find("unknown scheme") != std::string::npos);
+  CHECK_FALSE(parse_coordinator("redis://a:1,b:2", &c, &why));
+  CHECK_FALSE(parse_coordinator("redis://a:1/x", &c, &why));
+  CHECK_FALSE(parse_coordinator("zk://a:99999", &c, &why));
+  CHECK_FALSE(parse_coordinator("zk://a:1//x", &c, &why));
+  CHECK_FALSE(parse_coordinator("etcd://a:1/path", &c, &why));
+  CHECK_FALSE(parse_coordinator("127.0.0.1:2181", &c, &why));
+}
+
+TEST_CASE("elect/leader --coordinator: bad URLs, --etcd with --coordinator, and auth files are refused with exit 2") {
+  TempDir dir("fencegate-coordflags");
+  auto run = [](std::vector<std::string> args) {
+    std::vector<std::string> argv{kFencegate};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_command(argv, 10s);
+  };
+  auto r = run({"elect", "--coordinator", "mysql://x:1", "--election", "e", "--", "true"});
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("--coordinator: unknown scheme") != std::string::npos);
+  r = run(
+      {"elect", "--coordinator", "zk://127.0.0.1:1", "--etcd", "http://127.0.0.1:2", "--election", "e", "--", "true"});
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("give one of them") != std::string::npos);
+  r = run({"leader", "--election", "e"});
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("--coordinator: required") != std::string::npos);
+  const std::string open = secret_file(dir, "open", "user:password", 0644);
+  r = run({"elect", "--coordinator", "zk://127.0.0.1:1", "--zk-auth", open, "--election", "e", "--", "true"});
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("--zk-auth: " + open + " has mode 0644") != std::string::npos);
+  const std::string nouser = secret_file(dir, "nouser", "password-only\n");
+  r = run({"leader", "--coordinator", "zk://127.0.0.1:1", "--zk-auth", nouser, "--election", "e"});
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("must hold user:password") != std::string::npos);
+  CHECK(r.err.find("password-only") == std::string::npos);  // never shown
+  r = run({"leader", "--coordinator", "zk://127.0.0.1:1", "--redis-auth", nouser, "--election", "e"});
+  CHECK(r.code() == 2);
+  CHECK(r.err.find("--redis-auth: only for a redis:// coordinator") != std::string::npos);
+  // Unreachable: exit 1 naming the backend.
+  r = run({"leader", "--coordinator", "redis://127.0.0.1:" + std::to_string(free_port()), "--election", "e"});
+  CHECK(r.code() == 1);
+}
+
+TEST_CASE(
+    "elect over ZooKeeper: a SIGSTOPped leader loses its session to a successor with a larger czxid; the old "
+    "one is refused 409 and its command stopped") {
+  FG_REQUIRE_ZK();
+  ZkServer zk;
+  FG_START_ZK(zk);
+  failover_scenario(zk.url("/fencegate/test"));
+}
+
+TEST_CASE(
+    "elect over Redis: a SIGSTOPped leader's lock expires; the successor's generation is larger; the old one is "
+    "refused 409 and its command stopped") {
+  FG_REQUIRE_REDIS();
+  RedisServer redis;
+  FG_START_REDIS(redis);
+  failover_scenario(redis.url(2));
+}
+
+TEST_CASE(
+    "ZooKeeper: with many contenders, killing the leader wakes at most two of them (each watches only its "
+    "predecessor)") {
+  FG_REQUIRE_ZK();
+  ZkServer zk;
+  FG_START_ZK(zk);
+  TempDir dir("fencegate-herd");
+  constexpr int kContenders = 50;
+  std::vector<Contender> cs;
+  cs.reserve(kContenders);
+  for (int i = 0; i < kContenders; ++i) {
+    cs.push_back(start_contender(dir.path(), "c" + std::to_string(i),
+                                 {"--coordinator", zk.url(), "--election", "herd", "--id", "c" + std::to_string(i),
+                                  "--ttl", "10", "--log-level", "debug"}));
+    if (i == 0) REQUIRE(eventually([&] { return cs[0].started_command(); }, 15s));
+  }
+  // Everyone is in line (each logged its candidate node and the predecessor it waits for).
+  REQUIRE(eventually(
+      [&] {
+        return std::all_of(cs.begin() + 1, cs.end(), [](const Contender& c) {
+          return c.log().find("waiting for the predecessor") != std::string::npos;
+        });
+      },
+      30s));
+  auto fired = [&] {
+    int n = 0;
+    for (const auto& c : cs)
+      if (c.log().find("zookeeper watch fired") != std::string::npos) ++n;
+    return n;
+  };
+  CHECK(fired() == 0);
+  const std::int64_t t0 = cs[0].token();
+  cs[0].process->kill(SIGKILL);  // its session closes with the process's socket; expiry at the latest
+  auto leaders = [&] {
+    std::vector<int> v;
+    for (int i = 1; i < kContenders; ++i)
+      if (cs[i].started_command()) v.push_back(i);
+    return v;
+  };
+  REQUIRE(eventually([&] { return !leaders().empty(); }, 30s));
+  std::this_thread::sleep_for(1000ms);  // time for any herd to show
+  const int woke = fired();
+  MESSAGE("contenders whose watch fired: ", woke);
+  CHECK(woke >= 1);
+  CHECK(woke <= 2);
+  const std::vector<int> now = leaders();
+  REQUIRE(now.size() == 1);  // one successor, the one whose predecessor went
+  CHECK(cs[now.front()].token() > t0);
+  CHECK(cs[now.front()].log().find("zookeeper watch fired") != std::string::npos);
+  for (auto& c : cs) c.process->kill(SIGTERM);
+  for (auto& c : cs) c.process->wait_for(10s);
+}
+
+TEST_CASE("ZooKeeper: digest auth from --zk-auth under a chroot; the nodes are the creator's only") {
+  FG_REQUIRE_ZK();
+  ZkServer zk;
+  FG_START_ZK(zk);
+  TempDir dir("fencegate-zkauth");
+  const std::string auth = secret_file(dir, "zk-auth", "billing:s3cret-password\n");
+  const std::string url = zk.url("/shared/billing");
+  Contender a =
+      start_contender(dir.path(), "a",
+                      {"--coordinator", url, "--zk-auth", auth, "--election", "jobs", "--id", "a", "--ttl", "4"});
+  INFO(logs_of({&a}));
+  REQUIRE(eventually([&] { return a.started_command(); }, 15s));
+  auto l = leader_of(url, "jobs", {"--zk-auth", auth});
+  REQUIRE_MESSAGE(l.code() == 0, l.err);
+  CHECK(json::parse(l.out) == json{{"election", "jobs"}, {"leader", "a"}, {"token", a.token()}});
+  // Without the credentials the election cannot even be read (creator-only ACL): exit 1.
+  auto anon = leader_of(url, "jobs");
+  CHECK(anon.code() == 1);
+  CHECK(anon.out.empty());
+  // Another chroot is another namespace: no leader there.
+  CHECK(leader_of(zk.url("/shared/other"), "jobs").code() == 3);
+  a.process->kill(SIGTERM);
+  a.process->wait_for(10s);
+}
+
+TEST_CASE("Redis: the password comes from --redis-auth; a wrong one is refused; tokens keep growing across terms") {
+  FG_REQUIRE_REDIS();
+  RedisServer redis;
+  FG_START_REDIS(redis, {"--requirepass", "correct-horse-battery"});
+  TempDir dir("fencegate-redisauth");
+  const std::string good = secret_file(dir, "good", "correct-horse-battery\n");
+  const std::string acl = secret_file(dir, "acl", "default:correct-horse-battery\n");
+  const std::string bad = secret_file(dir, "bad", "wrong-password\n");
+  auto r = run_command({kFencegate, "elect", "--coordinator", redis.url(), "--redis-auth", bad, "--election", "e", "--",
+                        "true"},
+                       15s);
+  CHECK(r.code() == 1);
+  CHECK(r.err.find("AUTH refused") != std::string::npos);
+  CHECK(r.err.find("wrong-password") == std::string::npos);
+  std::int64_t last = 0;
+  for (const auto& file : {good, acl, good}) {
+    r = run_command({kFencegate, "elect", "--coordinator", redis.url(), "--redis-auth", file, "--election", "e", "--",
+                     "sh", "-c", "echo $FENCING_TOKEN"},
+                    15s);
+    REQUIRE_MESSAGE(r.code() == 0, r.err);
+    const std::int64_t t = std::stoll(r.out);
+    CHECK(t > last);
+    last = t;
+  }
+  CHECK(leader_of(redis.url(), "e", {"--redis-auth", good}).code() == 3);  // each resigned
+}
