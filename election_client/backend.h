@@ -95,9 +95,33 @@ struct CandidacyOptions {
   std::int64_t ttl_s = 10;
 };
 
+// What an observer (authority-linked fencing in the proxy) sees of an election at one moment:
+// every candidate that holds a token (etcd and ZooKeeper: every key/node in line, the leader the
+// one with the lowest token; Redis: the lock's holder only), and a number that grows with every
+// change the coordinator made (etcd: the header revision; ZooKeeper: the election node's pzxid;
+// Redis: the generation counter).
+struct ElectionSnapshot {
+  struct Candidate {
+    std::string key;  // the candidate's key, node name or lock
+    std::int64_t token = 0;
+    std::string id;
+  };
+  std::vector<Candidate> candidates;
+  std::int64_t revision = 0;
+};
+
+// A persistent connection for repeated snapshots of elections. Thread-safety: one caller at a time.
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  virtual Status snapshot(const std::string& election, std::chrono::milliseconds timeout, ElectionSnapshot* out) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
+  // A connection for snapshots of elections (observe the leader and everyone in line).
+  virtual std::unique_ptr<Observer> observer() = 0;
   // Opens a lease/session for one term (blocking, bounded) and starts keeping it alive.
   virtual Status start(const CandidacyOptions& o, std::unique_ptr<Candidacy>* out) = 0;
   // The election's current leader (no-leader: Status::is_no_leader()).

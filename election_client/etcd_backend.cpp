@@ -9,6 +9,7 @@
 #include "election_client/backend.h"
 #include "election_client/backends.h"
 #include "election_client/etcd_client.h"
+#include "election_client/base64.h"
 #include "election_client/key_guard.h"
 #include "election_client/lease_keeper.h"
 #include "election_client/leader_lookup.h"
@@ -50,8 +51,28 @@ class EtcdCandidacy final : public Candidacy {
   std::unique_ptr<KeyGuard> guard_;
 };
 
+class EtcdObserver final : public Observer {
+ public:
+  explicit EtcdObserver(ClientOptions o) : client_(std::move(o)) {}
+  Status snapshot(const std::string& election, milliseconds, ElectionSnapshot* out) override {
+    const std::string prefix = election_prefix(election);
+    std::vector<KeyValue> kvs;
+    ResponseHeader h;
+    Status st = client_.range(prefix, prefix_range_end(prefix), &kvs, &h);
+    if (!st.ok()) return st;
+    out->candidates.clear();
+    for (auto& kv : kvs) out->candidates.push_back({kv.key, kv.create_revision, kv.value});
+    out->revision = h.revision;
+    return Status::OK();
+  }
+
+ private:
+  Client client_;
+};
+
 class EtcdBackend final : public Backend {
  public:
+  std::unique_ptr<Observer> observer() override { return std::make_unique<EtcdObserver>(client_options()); }
   explicit EtcdBackend(std::vector<std::string> endpoints)
       : endpoints_(std::move(endpoints)), client_(client_options()) {}
 

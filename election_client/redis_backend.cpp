@@ -273,9 +273,43 @@ class RedisCandidacy final : public Candidacy {
   Renewer renewer_;
 };
 
+class RedisObserver final : public Observer {
+ public:
+  explicit RedisObserver(const Coordinator& c) : conn_(c, 1000ms) {}
+  Status snapshot(const std::string& election, milliseconds, ElectionSnapshot* out) override {
+    std::string why;
+    Reply r = conn_.command({"MGET", lock_key(election), generation_key(election)}, &why);
+    if (!r) return Status::Unavailable("redis: " + why);
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 2) return Status::Protocol("redis: MGET answered oddly");
+    out->candidates.clear();
+    out->revision = 0;
+    const redisReply* lock = r->element[0];
+    const redisReply* gen = r->element[1];
+    if (gen->type == REDIS_REPLY_STRING) {
+      try {
+        out->revision = std::stoll(std::string(gen->str, gen->len));
+      } catch (...) {
+        return Status::Protocol("redis: " + generation_key(election) + " is not a number");
+      }
+    }
+    if (lock->type == REDIS_REPLY_STRING) {
+      ElectionSnapshot::Candidate c;
+      c.key = lock_key(election);
+      if (!parse_lock_value(std::string(lock->str, lock->len), &c.token, &c.id))
+        return Status::Protocol("redis: " + lock_key(election) + " does not hold a fencegate lock");
+      out->candidates.push_back(std::move(c));
+    }
+    return Status::OK();
+  }
+
+ private:
+  RedisConn conn_;
+};
+
 class RedisBackend final : public Backend {
  public:
   explicit RedisBackend(Coordinator c) : c_(std::move(c)) {}
+  std::unique_ptr<Observer> observer() override { return std::make_unique<RedisObserver>(c_); }
 
   Status start(const CandidacyOptions& o, std::unique_ptr<Candidacy>* out) override {
     // Reach Redis once (and check AUTH/SELECT) so that a wrong address fails at start.

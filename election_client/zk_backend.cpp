@@ -413,9 +413,52 @@ Status ZkCandidacy::confirm(std::int64_t token) {
   return Status::OK();
 }
 
+// Snapshots over one session, opened again when it expired or could not be opened.
+class ZkObserver final : public Observer {
+ public:
+  explicit ZkObserver(Coordinator c) : c_(std::move(c)) {}
+  Status snapshot(const std::string& election, milliseconds timeout, ElectionSnapshot* out) override {
+    if (!s_ || s_->expired()) {
+      s_ = std::make_unique<Session>();
+      if (Status st = s_->open(hosts_of(c_, true), 4000ms, c_.auth, std::max(timeout, milliseconds(1000))); !st.ok()) {
+        s_.reset();
+        return st;
+      }
+    }
+    const std::string dir = election_path(election);
+    String_vector sv{};
+    struct Stat dst {};
+    out->candidates.clear();
+    out->revision = 0;
+    int rc = zoo_get_children2(s_->zh(), dir.c_str(), 0, &sv, &dst);
+    if (rc == ZNONODE) return Status::OK();
+    if (rc != ZOK) return Status::Unavailable("zookeeper: " + zerr(rc));
+    out->revision = dst.pzxid;
+    std::vector<std::string> names;
+    for (int i = 0; i < sv.count; ++i) names.emplace_back(sv.data[i]);
+    deallocate_String_vector(&sv);
+    for (const auto& n : names) {
+      if (n.rfind("n_", 0) != 0 || sequence_of(n) < 0) continue;
+      char buf[1024];
+      int len = sizeof buf;
+      struct Stat st {};
+      rc = zoo_get(s_->zh(), (dir + "/" + n).c_str(), 0, buf, &len, &st);
+      if (rc == ZNONODE) continue;  // went meanwhile
+      if (rc != ZOK) return Status::Unavailable("zookeeper: " + zerr(rc));
+      out->candidates.push_back({n, st.czxid, std::string(buf, len > 0 ? static_cast<std::size_t>(len) : 0)});
+    }
+    return Status::OK();
+  }
+
+ private:
+  const Coordinator c_;
+  std::unique_ptr<Session> s_;
+};
+
 class ZkBackend final : public Backend {
  public:
   explicit ZkBackend(Coordinator c) : c_(std::move(c)) { zoo_set_debug_level(ZOO_LOG_LEVEL_WARN); }
+  std::unique_ptr<Observer> observer() override { return std::make_unique<ZkObserver>(c_); }
 
   Status start(const CandidacyOptions& o, std::unique_ptr<Candidacy>* out) override {
     if (Status st = make_chroot(); !st.ok()) return st;

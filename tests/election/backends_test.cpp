@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "election_client/backend.h"
@@ -315,4 +316,130 @@ TEST_CASE("Redis: the password comes from --redis-auth; a wrong one is refused; 
     last = t;
   }
   CHECK(leader_of(redis.url(), "e", {"--redis-auth", good}).code() == 3);  // each resigned
+}
+
+namespace {
+
+// `fencegate serve` with one route "/" -> upstream, resource "ledger", whose authority is the
+// election `billing` at `coordinator` (issue 31: "authority": {"coordinator": URL, ...}).
+struct CoordinatorProxy {
+  CoordinatorProxy(const TempDir& dir, const std::string& coordinator, const std::string& upstream)
+      : port(free_port()), admin_port(free_port()), dir_(dir) {
+    json c = {{"listen", "127.0.0.1:" + std::to_string(port)},
+              {"db", dir.file("fence.db")},
+              {"threads", 2},
+              {"admin", {{"listen", "127.0.0.1:" + std::to_string(admin_port)}}},
+              {"routes",
+               {{{"prefix", "/"},
+                 {"upstream", upstream},
+                 {"resource", "ledger"},
+                 {"authority", {{"coordinator", coordinator}, {"election", "billing"}}}}}}};
+    write_file(dir.file("fencegate.json"), c.dump(2));
+  }
+  bool start() {
+    process = std::make_unique<Process>(Process::start({kFencegate, "serve", "--config", dir_.file("fencegate.json")},
+                                                       ProcessOptions{dir_.file("serve.log"), {}, {}}));
+    return process->wait_for_port(port, 15s) && process->wait_for_port(admin_port, 15s);
+  }
+  std::string log() const { return "serve log:\n" + read_file(dir_.file("serve.log"), 16 * 1024); }
+  ReadResult write(std::int64_t g) const {
+    return request(port, "POST", "/ledger/charge", {{"Fencing-Token", std::to_string(g)}}, "{}", 10s);
+  }
+  std::string type(std::int64_t g) const {
+    json j = json::parse(write(g).response.body, nullptr, false);
+    return j.is_object() && j.contains("type") ? j["type"].get<std::string>() : "";
+  }
+  std::int64_t generation() const {
+    auto r = request(admin_port, "GET", "/v1/resources/ledger", {}, {}, 5s);
+    if (r.code() != 200) return 0;
+    return json::parse(r.response.body).value("generation", std::int64_t{0});
+  }
+
+  std::uint16_t port, admin_port;
+  const TempDir& dir_;
+  std::unique_ptr<Process> process;
+};
+
+// The proxy follows the election itself: the leader's token is fenced in before the leader
+// writes; a forged token, a former leader, and a leader that resigned with no successor are
+// refused 409; the coordinator unreachable -> 503.
+void authority_scenario(const std::string& coordinator, const std::function<void()>& stop_coordinator) {
+  TempDir dir("fencegate-coordauth");
+  RecordingUpstream upstream;
+  CoordinatorProxy proxy(dir, coordinator, upstream.url());
+  INFO(proxy.log());
+  REQUIRE(proxy.start());
+  auto flags = [&](const std::string& id) {
+    return std::vector<std::string>{"--coordinator", coordinator, "--election", "billing", "--id", id, "--ttl", "3"};
+  };
+  Contender a = start_contender(dir.path(), "a", flags("worker-a"));
+  INFO(logs_of({&a}));
+  REQUIRE(eventually([&] { return a.started_command(); }, 15s));
+  const std::int64_t ta = a.token();
+  CHECK(eventually([&] { return proxy.generation() == ta; }, 10s));  // advanced by the proxy, no --fence
+  CHECK(proxy.write(ta).code() == 200);
+  constexpr std::int64_t kForged = 9223372036854775807;
+  CHECK(proxy.write(kForged).code() == 409);
+  CHECK(proxy.type(kForged) == "urn:fencegate:problem:unknown-generation");
+  CHECK(proxy.generation() == ta);  // never advanced to an unconfirmed token
+
+  Contender b = start_contender(dir.path(), "b", flags("worker-b"));
+  std::this_thread::sleep_for(500ms);
+  a.process->kill(SIGTERM);  // A resigns; B takes over
+  REQUIRE(eventually([&] { return b.started_command(); }, 15s));
+  const std::int64_t tb = b.token();
+  CHECK(tb > ta);
+  CHECK(eventually([&] { return proxy.generation() == tb; }, 10s));
+  auto r = proxy.write(ta);
+  CHECK(r.code() == 409);
+  CHECK(proxy.type(ta) == "urn:fencegate:problem:stale-generation");
+  CHECK(proxy.write(tb).code() == 200);
+
+  b.process->kill(SIGTERM);  // B resigns, nobody leads: B's token is no leader's any more
+  b.process->wait_for(10s);
+  CHECK(eventually([&] { return proxy.write(tb).code() == 409; }, 10s));
+  CHECK(proxy.type(tb) == "urn:fencegate:problem:not-leader");
+
+  stop_coordinator();
+  CHECK(eventually([&] { return proxy.write(tb).code() == 503; }, 10s));
+  CHECK(proxy.generation() == tb);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "authority over ZooKeeper: the proxy follows the election; old, forged and resigned tokens get 409; "
+    "ZooKeeper down -> 503") {
+  FG_REQUIRE_ZK();
+  ZkServer zk;
+  FG_START_ZK(zk);
+  authority_scenario(zk.url("/fg"), [&] { zk.stop(); });
+}
+
+TEST_CASE(
+    "authority over Redis: the proxy follows the lock; old, forged and resigned tokens get 409; Redis down -> "
+    "503") {
+  FG_REQUIRE_REDIS();
+  RedisServer redis;
+  FG_START_REDIS(redis);
+  authority_scenario(redis.url(1), [&] { redis.stop(); });
+}
+
+TEST_CASE("authority.coordinator: a bad URL, or both etcd and coordinator, is a config error (exit 2)") {
+  TempDir dir("fencegate-coordcfg");
+  for (const auto& [authority, msg] :
+       {std::pair{json{{"coordinator", "mysql://db:3306"}, {"election", "e"}},
+                  "routes[0].authority.coordinator: must be etcd://host:port"},
+        std::pair{json{{"coordinator", "redis://a:1,b:2"}, {"election", "e"}},
+                  "routes[0].authority.coordinator: must be"},
+        std::pair{json{{"coordinator", "zk://a:1"}, {"etcd", {"http://a:2379"}}, {"election", "e"}},
+                  "give either \"etcd\" or \"coordinator\""}}) {
+    json c = {{"listen", "127.0.0.1:0"},
+              {"db", dir.file("fence.db")},
+              {"routes", {{{"prefix", "/"}, {"upstream", "http://127.0.0.1:9"}, {"authority", authority}}}}};
+    write_file(dir.file("c.json"), c.dump());
+    auto r = run_command({kFencegate, "serve", "--config", dir.file("c.json")}, 10s);
+    CHECK(r.code() == 2);
+    CHECK_MESSAGE(r.err.find(msg) != std::string::npos, r.err);
+  }
 }
