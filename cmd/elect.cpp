@@ -22,6 +22,7 @@
 #include "election_client/etcd_client.h"
 #include "election_client/guardian.h"
 #include "election_client/http_conn.h"
+#include "election_client/status_server.h"
 #include "common/log.h"
 
 namespace fencegate::cmd {
@@ -77,6 +78,12 @@ constexpr const char* kElectUsage =
     "                           least 16 bytes, no control characters; docs/security.md)\n"
     "  --fence-timeout-ms MS    how long to wait for each fence, retrying while it is unreachable or 5xx\n"
     "                           (100..3600000, default 30000: above the sidecars' default drain timeout)\n"
+    "  --catch-up CMD           after winning and before the fences: `sh -c CMD` with FENCING_TOKEN etc.;\n"
+    "                           must exit 0 within --catch-up-timeout-ms, else elect resigns (exit 76,\n"
+    "                           or campaigns again with --recampaign)\n"
+    "  --catch-up-timeout-ms MS how long the catch-up may take (100..86400000, default 60000)\n"
+    "  --status-listen ADDR     serve GET /readyz (200 only while leading with the barrier complete)\n"
+    "                           and GET /metrics (fencegate_elect_*) on host:port\n"
     "  --recampaign             after losing leadership or a failed barrier, campaign again\n"
     "  --grace-ms MS            SIGTERM -> SIGKILL grace for the command (default 5000)\n"
     "  --log-level LEVEL        debug, info, warn, error (default info); JSON lines on stderr\n"
@@ -97,6 +104,9 @@ constexpr std::array kElectFlags = {
     flags::Flag{"--fence-token-file"},
     flags::Flag{"--fence-timeout-ms"},
     flags::Flag{"--recampaign", flags::Arity::none},
+    flags::Flag{"--catch-up"},
+    flags::Flag{"--catch-up-timeout-ms"},
+    flags::Flag{"--status-listen"},
     flags::Flag{"--grace-ms"},
     flags::Flag{"--log-level"},
 };
@@ -204,6 +214,17 @@ int run_elect(const std::vector<std::string>& args) {
       take_text(token_file);
     } else if (name == "--fence-timeout-ms") {
       take_integer(item, 100, 3600000, &f.fence_timeout_ms, errors);
+    } else if (name == "--catch-up") {
+      take_text(f.catch_up);
+    } else if (name == "--catch-up-timeout-ms") {
+      take_integer(item, 100, 86400000, &f.catch_up_timeout_ms, errors);
+    } else if (name == "--status-listen") {
+      take_text(f.status_listen);
+      std::string host;
+      std::uint16_t port = 0;
+      if (!missing)
+        if (auto e = election::parse_listen_addr(f.status_listen, &host, &port); !e.empty())
+          errors.push_back("--status-listen: " + e);
     } else if (name == "--grace-ms") {
       take_integer(item, 0, 3600000, &f.grace_ms, errors);
     } else if (name == "--log-level") {

@@ -21,6 +21,7 @@
 #include "election_client/elect_signals.h"
 #include "election_client/fence_barrier.h"
 #include "election_client/guardian.h"
+#include "election_client/status_server.h"
 #include "common/file_checks.h"
 #include "common/log.h"
 
@@ -55,7 +56,8 @@ std::vector<std::string> child_env(const ElectOptions& f, std::int64_t token) {
 
 class Elect {
  public:
-  Elect(ElectOptions f, std::unique_ptr<Backend> backend) : f_(std::move(f)), backend_(std::move(backend)) {}
+  Elect(ElectOptions f, std::unique_ptr<Backend> backend, ElectMetrics& metrics)
+      : f_(std::move(f)), backend_(std::move(backend)), metrics_(metrics) {}
 
   int run();
 
@@ -71,10 +73,56 @@ class Elect {
   };
   Supervised supervise(pid_t pid, std::int64_t token, Candidacy& term, Guardian& guardian);
 
+  // The catch-up command of the activation barrier (--catch-up): runs with the token, must exit 0
+  // within --catch-up-timeout-ms while the lease stays valid. Returns 0 on success, -1 on
+  // failure (logged), or the stop signal that interrupted it.
+  int catch_up(std::int64_t token, Candidacy& term);
+
   // Constant after construction
   ElectOptions f_;  // fence_token changes when its file is re-read (each term)
   std::unique_ptr<Backend> backend_;
+  ElectMetrics& metrics_;
 };
+
+int Elect::catch_up(std::int64_t token, Candidacy& term) {
+  Guardian guardian;
+  const pid_t pid =
+      spawn({"/bin/sh", "-c", f_.catch_up}, child_env(f_, token), term.deadline() + term.margin(), &guardian);
+  if (pid < 0) {
+    log::error("could not start the catch-up command", {log::kv("error", std::strerror(errno))});
+    return -1;
+  }
+  log::info("catch-up started", {log::kv("pid", pid), log::kv("token", token)});
+  const auto until = std::chrono::steady_clock::now() + milliseconds(f_.catch_up_timeout_ms);
+  int wstatus = 0, result = -1;
+  std::string why;
+  for (;;) {
+    const int sig = wait_signal(50ms);
+    if (reap_command(pid, &wstatus)) {
+      if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) result = 0;
+      else why = "exited with " + std::to_string(exit_code_of(wstatus));
+      break;
+    }
+    if (term.valid()) extend_guardian(guardian, term.deadline() + term.margin());
+    if (is_stop_signal(sig)) {
+      why = "signal";
+      result = sig;
+    } else if (!term.valid() || term.gone()) {
+      why = "leadership lost during the catch-up";
+    } else if (std::chrono::steady_clock::now() >= until) {
+      why = "did not finish within --catch-up-timeout-ms (" + std::to_string(f_.catch_up_timeout_ms) + ")";
+    } else {
+      continue;
+    }
+    kill(-pid, SIGKILL);
+    while (!reap_command(pid, &wstatus)) wait_signal(20ms);
+    break;
+  }
+  release_guardian(guardian);
+  if (result == 0) log::info("catch-up done", {log::kv("token", token)});
+  else log::error("catch-up failed: resigning", {log::kv("token", token), log::kv("why", why)});
+  return result;
+}
 
 int Elect::stop_command(pid_t pid, int first, bool* have_status, Clock::time_point kill_by) {
   kill(-pid, first);
@@ -108,11 +156,14 @@ Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, Candidacy& ter
   bool exited = false;
   int forwarded = 0;
   Clock::time_point kill_at{};
+  Clock::time_point last_deadline = term.deadline();
   while (!exited) {
     int sig = wait_signal(50ms);
     if (reap_command(pid, &wstatus)) {
       exited = true;
       if (!term.valid()) {
+        metrics_.set_ready(false);
+        metrics_.loss(term.state() == "lost" ? "lost" : "jeopardy");
         // Its guardian killed it at the lease's earliest expiry, while elect was not running.
         log::error("leadership lost: the lease ran out while elect was stopped; the command was killed at its expiry",
                    {log::kv("token", token), log::kv("pid", pid), log::kv("status", exit_code_of(wstatus))});
@@ -120,8 +171,17 @@ Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, Candidacy& ter
       }
       break;
     }
-    if (term.valid()) extend_guardian(guardian, term.deadline() + term.margin());
+    if (term.valid()) {
+      extend_guardian(guardian, term.deadline() + term.margin());
+      // A renewal moved the deadline: how much time was left to the old one (--status-listen).
+      if (const auto d = term.deadline(); d > last_deadline) {
+        metrics_.renewal_margin(std::max<Clock::duration>(last_deadline - Clock::now(), Clock::duration::zero()));
+        last_deadline = d;
+      }
+    }
     if (!term.valid()) {
+      metrics_.set_ready(false);
+      metrics_.loss(term.state() == "lost" ? "lost" : "jeopardy");
       log::error("leadership lost: stopping the command",
                  {log::kv("state", term.state()), log::kv("token", token), log::kv("pid", pid),
                   log::kv("late_ms",
@@ -143,6 +203,8 @@ Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, Candidacy& ter
     }
     // After the lease (a paused elect sees its deadline passed first, whatever the watch says).
     if (term.gone()) {
+      metrics_.set_ready(false);
+      metrics_.loss("deleted");
       log::error("leadership lost: the leader key was deleted; stopping the command",
                  {log::kv("key", term.handle()), log::kv("token", token), log::kv("pid", pid)});
       // The lease still lives, but the term is over: the guardian's SIGKILL moves to the end of
@@ -201,6 +263,8 @@ int Elect::run() {
 
     // --- 2. Campaign (blocks until elected).
     log::info("campaigning", {log::kv("election", f_.election), log::kv("id", f_.id)});
+    metrics_.campaign();
+    const auto campaign_started = std::chrono::steady_clock::now();
     std::int64_t token = 0;
     Status cst;
     for (;;) {
@@ -233,6 +297,7 @@ int Elect::run() {
       continue;
     }
     // Belt and braces: the election's leader is ours, with this token.
+    const auto won_at = std::chrono::steady_clock::now();
     Status lst = term->confirm(token);
     if (!lst.ok() || !term->valid()) {
       log::warn("elected, but the leader key is not ours any more; starting over",
@@ -245,6 +310,28 @@ int Elect::run() {
     log::info("elected", {log::kv("election", f_.election), log::kv("id", f_.id), log::kv("token", token),
                           log::kv("backend", kind_name(f_.coordinator.kind)), log::kv("key", term->handle())});
     term->guard();
+    const auto confirmed_at = std::chrono::steady_clock::now();
+    metrics_.stage("acquire", confirmed_at - won_at);
+
+    // --- 3a. Catch-up (--catch-up): recover state before activation, with the token.
+    if (!f_.catch_up.empty()) {
+      const int cu = catch_up(token, *term);
+      metrics_.stage("catch_up", std::chrono::steady_clock::now() - confirmed_at);
+      if (cu != 0) {
+        metrics_.loss("catch_up");
+        term->give_up(true);
+        if (cu > 0) return 128 + cu;
+        if (!f_.recampaign) {
+          log::error("activation barrier failed (catch-up): not starting the command",
+                     {log::kv("exit_code", kExitFenceFailed)});
+          return kExitFenceFailed;
+        }
+        log::warn("activation barrier failed (catch-up): campaigning again");
+        if (int sig = sleep_watching(2000ms)) return 128 + sig;
+        continue;
+      }
+    }
+    const auto caught_up_at = std::chrono::steady_clock::now();
 
     // --- 3. Activation barrier: every fence has durably advanced to `token`.
     if (!f_.fence_token_file.empty()) {  // rotated since the last term? (kept if unreadable or refused now)
@@ -274,7 +361,10 @@ int Elect::run() {
       term->give_up(true);
       continue;
     }
+    const auto fenced_at = std::chrono::steady_clock::now();
+    metrics_.stage("fence", fenced_at - caught_up_at);
     if (fr != FenceResult::ok) {
+      metrics_.loss("fence");
       term->give_up(true);
       if (!f_.recampaign) {
         log::error("activation barrier failed: not starting the command", {log::kv("exit_code", kExitFenceFailed)});
@@ -306,9 +396,24 @@ int Elect::run() {
     }
     log::info("command started",
               {log::kv("pid", pid), log::kv("token", token), log::kv("command", f_.command.front())});
+    {
+      const auto started_at = std::chrono::steady_clock::now();
+      metrics_.stage("start", started_at - fenced_at);
+      metrics_.set_ready(true, token);
+      auto ms = [](auto d) { return std::chrono::duration_cast<milliseconds>(d).count(); };
+      // The failover as this candidate saw it. Detection of the predecessor's loss and the
+      // election itself are one wait from here (the coordinator hands over when it sees the loss).
+      log::info("failover breakdown",
+                {log::kv("token", token), log::kv("detection_election_ms", ms(won_at - campaign_started)),
+                 log::kv("acquire_ms", ms(confirmed_at - won_at)),
+                 log::kv("catch_up_ms", ms(caught_up_at - confirmed_at)),
+                 log::kv("fencing_ms", ms(fenced_at - caught_up_at)), log::kv("start_ms", ms(started_at - fenced_at)),
+                 log::kv("active_after_win_ms", ms(started_at - won_at))});
+    }
     if (guardian.pid < 0)
       log::warn("could not start the command's guardian: if elect is killed, the command's children may outlive it");
     const Supervised ended = supervise(pid, token, *term, guardian);
+    metrics_.set_ready(false);
     const int wstatus = ended.wstatus;
     const bool lost = ended.lost;
     release_guardian(guardian);  // the command is reaped and its group killed
@@ -369,8 +474,18 @@ int run_elect(ElectOptions options) {
     log::error("cannot use the coordinator", {log::kv("coordinator", options.coordinator.text), log::kv("error", why)});
     return kExitUsage;
   }
-  install_elect_signals();
-  return Elect(std::move(options), std::move(backend)).run();
+  install_elect_signals();  // before the status server's thread: every thread blocks elect's signals
+  ElectMetrics metrics;
+  StatusServer status(metrics);
+  if (!options.status_listen.empty()) {
+    if (std::string e = status.start(options.status_listen); !e.empty()) {
+      log::error("--status-listen: cannot serve", {log::kv("error", e)});
+      return kExitUnavailable;
+    }
+    log::info("status: serving /readyz and /metrics",
+              {log::kv("listen", options.status_listen), log::kv("port", status.port())});
+  }
+  return Elect(std::move(options), std::move(backend), metrics).run();
 }
 
 }  // namespace fencegate::election

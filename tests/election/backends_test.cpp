@@ -25,11 +25,19 @@ std::string logs_of(const std::vector<const Contender*>& cs) {
   return s;
 }
 
+// A free port other than `taken` (free_port() may hand out a port twice while it is unused).
+std::uint16_t distinct_port(std::initializer_list<std::uint16_t> taken) {
+  for (;;) {
+    std::uint16_t p = free_port();
+    if (std::find(taken.begin(), taken.end(), p) == taken.end()) return p;
+  }
+}
+
 // A fencegate serve with one resource "ledger" in front of a recording upstream.
 struct FencedResource {
   explicit FencedResource(const TempDir& dir)
       : data_port(free_port()),
-        admin_port(free_port()),
+        admin_port(distinct_port({data_port})),
         serve(Process::start({kFencegate, "serve", "--listen", "127.0.0.1:" + std::to_string(data_port), "--upstream",
                               upstream.url(), "--resource", "ledger", "--db", dir.file("fence.db"), "--admin-listen",
                               "127.0.0.1:" + std::to_string(admin_port)},
@@ -324,7 +332,7 @@ namespace {
 // election `billing` at `coordinator` (issue 31: "authority": {"coordinator": URL, ...}).
 struct CoordinatorProxy {
   CoordinatorProxy(const TempDir& dir, const std::string& coordinator, const std::string& upstream)
-      : port(free_port()), admin_port(free_port()), dir_(dir) {
+      : port(free_port()), admin_port(distinct_port({port})), dir_(dir) {
     json c = {{"listen", "127.0.0.1:" + std::to_string(port)},
               {"db", dir.file("fence.db")},
               {"threads", 2},
@@ -442,4 +450,91 @@ TEST_CASE("authority.coordinator: a bad URL, or both etcd and coordinator, is a 
     CHECK(r.code() == 2);
     CHECK_MESSAGE(r.err.find(msg) != std::string::npos, r.err);
   }
+}
+
+namespace {
+
+ReadResult status_get(std::uint16_t port, const std::string& path) { return request(port, "GET", path, {}, {}, 5s); }
+
+// The value of an exposition line "name{labels} value" (or "name value"); -1 if absent.
+double metric(const std::string& text, const std::string& series) {
+  const auto at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "elect --catch-up runs with the token before the fences and the command; a failing or slow catch-up "
+    "resigns (exit 76); --status-listen serves /readyz and the fencegate_elect_* metrics") {
+  FG_REQUIRE_REDIS();
+  RedisServer redis;
+  FG_START_REDIS(redis);
+  TempDir dir("fencegate-catchup");
+  FencedResource res(dir);
+  REQUIRE_MESSAGE(res.wait(), read_file(res.log_path));
+  const std::uint16_t pa = distinct_port({res.data_port, res.admin_port, redis.port()});
+  const std::uint16_t pb = distinct_port({res.data_port, res.admin_port, redis.port(), pa});
+  auto flags = [&](const std::string& id, const std::string& catch_up, std::uint16_t status_port) {
+    std::vector<std::string> f{"--coordinator", redis.url(), "--election", "ledger",        "--id",       id,
+                               "--ttl",         "2",         "--fence",    res.fence_url(), "--catch-up", catch_up};
+    if (status_port) f.insert(f.end(), {"--status-listen", "127.0.0.1:" + std::to_string(status_port)});
+    return f;
+  };
+  // A's catch-up records the token and the fence's generation at that moment (not yet advanced).
+  const std::string fence_get = "http://127.0.0.1:" + std::to_string(res.admin_port) + "/v1/resources/ledger";
+  Contender a = start_contender(dir.path(), "a",
+                                flags("worker-a",
+                                      "echo $FENCING_TOKEN > '" + dir.file("catchup.token") + "'; test -z \"$(ls '" +
+                                          dir.file("a.token") + "' 2>/dev/null)\" && sleep 0.3",
+                                      pa));
+  INFO(logs_of({&a}));
+  REQUIRE(eventually([&] { return a.started_command(); }, 15s));
+  const std::int64_t ta = a.token();
+  CHECK(read_file(dir.file("catchup.token")) == std::to_string(ta) + "\n");
+  CHECK(res.generation() == ta);
+  CHECK(a.log().find("\"msg\":\"failover breakdown\"") != std::string::npos);
+  CHECK(a.log().find("\"catch_up_ms\":") != std::string::npos);
+  CHECK(status_get(pa, "/readyz").code() == 200);
+  CHECK(eventually(
+      [&] {
+        return metric(status_get(pa, "/metrics").response.body, "fencegate_elect_renewal_margin_seconds_count") >= 1;
+      },
+      5s));
+  const std::string m = status_get(pa, "/metrics").response.body;
+  CHECK(metric(m, "fencegate_elect_leader") == 1);
+  CHECK(metric(m, "fencegate_elect_generation") == ta);
+  CHECK(metric(m, "fencegate_elect_campaigns_total") == 1);
+  CHECK(metric(m, "fencegate_elect_stage_seconds{stage=\"catch_up\"}") >= 0.3);
+  CHECK(metric(m, "fencegate_elect_stage_seconds{stage=\"fence\"}") >= 0);
+  CHECK(metric(m, "fencegate_elect_stage_seconds{stage=\"acquire\"}") >= 0);
+  CHECK(metric(m, "fencegate_elect_stage_seconds{stage=\"start\"}") >= 0);
+  CHECK(metric(m, "fencegate_elect_losses_total{reason=\"catch_up\"}") == 0);
+  CHECK(m.find("# TYPE fencegate_elect_renewal_margin_seconds histogram") != std::string::npos);
+  CHECK(status_get(pa, "/nope").code() == 404);
+
+  // B's catch-up fails: once A is gone, B wins, resigns without fencing or starting its command.
+  Contender b = start_contender(dir.path(), "b", flags("worker-b", "exit 3", pb));
+  REQUIRE(eventually([&] { return status_get(pb, "/readyz").code() == 503; }, 10s));
+  CHECK(metric(status_get(pb, "/metrics").response.body, "fencegate_elect_leader") == 0);
+  a.process->kill(SIGTERM);
+  auto bs = b.process->wait_for(15s);
+  INFO(logs_of({&a, &b}));
+  REQUIRE(bs.has_value());
+  CHECK(bs->code == 76);
+  CHECK_FALSE(b.started_command());
+  CHECK(b.log().find("catch-up failed: resigning") != std::string::npos);
+  CHECK(res.generation() == ta);  // B never fenced
+
+  // C's catch-up outlives --catch-up-timeout-ms: killed, resigned, exit 76; the lock is free again.
+  std::vector<std::string> cf = flags("worker-c", "sleep 30", 0);
+  cf.insert(cf.end(), {"--catch-up-timeout-ms", "300"});
+  Contender c = start_contender(dir.path(), "c", cf);
+  auto cs = c.process->wait_for(15s);
+  REQUIRE(cs.has_value());
+  CHECK(cs->code == 76);
+  CHECK_FALSE(c.started_command());
+  CHECK(c.log().find("did not finish within --catch-up-timeout-ms") != std::string::npos);
+  CHECK(leader_of(redis.url(), "ledger").code() == 3);
 }
