@@ -54,6 +54,13 @@ std::vector<std::string> child_env(const ElectOptions& f, std::int64_t token) {
   return env;
 }
 
+// Kills what the command (or catch-up) left running outside its process group: with elect a
+// child subreaper, those processes are elect's descendants (guardian.h).
+void stop_leftovers() {
+  if (int n = kill_descendants(2000ms))
+    log::warn("killed processes the command left outside its process group", {log::kv("count", n)});
+}
+
 class Elect {
  public:
   Elect(ElectOptions f, std::unique_ptr<Backend> backend, ElectMetrics& metrics)
@@ -119,6 +126,7 @@ int Elect::catch_up(std::int64_t token, Candidacy& term) {
     break;
   }
   release_guardian(guardian);
+  stop_leftovers();
   if (result == 0) log::info("catch-up done", {log::kv("token", token)});
   else log::error("catch-up failed: resigning", {log::kv("token", token), log::kv("why", why)});
   return result;
@@ -417,6 +425,7 @@ int Elect::run() {
     const int wstatus = ended.wstatus;
     const bool lost = ended.lost;
     release_guardian(guardian);  // the command is reaped and its group killed
+    stop_leftovers();            // and what left the group (setsid, a daemon): elect is their subreaper
 
     // --- 5. Resign and revoke.
     if (lost) {
@@ -475,6 +484,8 @@ int run_elect(ElectOptions options) {
     return kExitUsage;
   }
   install_elect_signals();  // before the status server's thread: every thread blocks elect's signals
+  if (!become_subreaper())
+    log::warn("could not become a child subreaper: processes that leave the command's process group survive it");
   ElectMetrics metrics;
   StatusServer status(metrics);
   if (!options.status_listen.empty()) {

@@ -538,3 +538,48 @@ TEST_CASE(
   CHECK(c.log().find("did not finish within --catch-up-timeout-ms") != std::string::npos);
   CHECK(leader_of(redis.url(), "ledger").code() == 3);
 }
+
+TEST_CASE("elect: a process the command daemonized with setsid (double fork) is killed when the lease is lost") {
+  FG_REQUIRE_REDIS();
+  if (::access("/usr/bin/redis-cli", X_OK) != 0) {
+    MESSAGE("SKIPPED: redis-cli is not installed");
+    return;
+  }
+  RedisServer redis;
+  FG_START_REDIS(redis);
+  TempDir dir("fencegate-daemon");
+  const std::string pidfile = dir.file("daemon.pid");
+  // The command starts a daemon in a session of its own whose parent exits at once, then waits.
+  std::vector<std::string> argv{kFencegate,
+                                "elect",
+                                "--coordinator",
+                                redis.url(),
+                                "--election",
+                                "jobs",
+                                "--ttl",
+                                "2",
+                                "--grace-ms",
+                                "500",
+                                "--",
+                                "sh",
+                                "-c",
+                                "setsid sh -c 'sleep 300 & echo $! > " + pidfile + ".tmp; mv " + pidfile + ".tmp " +
+                                    pidfile + "' & exec sleep 300"};
+  Process elect = Process::start(argv, ProcessOptions{dir.file("elect.log"), {}, {}});
+  INFO("elect log:\n", read_file(dir.file("elect.log")));
+  REQUIRE(eventually([&] { return file_exists(pidfile); }, 15s));
+  const pid_t daemon = static_cast<pid_t>(std::stol(read_file(pidfile)));
+  REQUIRE(pid_alive(daemon));
+  CHECK(::getsid(daemon) != ::getsid(elect.pid()));  // it left the command's session and group
+  // The lock is taken away (an operator's DEL): the lease is lost, the command stopped, exit 75.
+  auto del =
+      run_command({"/usr/bin/redis-cli", "-p", std::to_string(redis.port()), "DEL", "fencegate:election:jobs:lock"},
+                  10s);
+  REQUIRE(del.code() == 0);
+  auto st = elect.wait_for(15s);
+  REQUIRE(st.has_value());
+  CHECK(st->code == 75);
+  CHECK(eventually([&] { return !pid_alive(daemon); }, 3s));
+  CHECK(read_file(dir.file("elect.log")).find("killed processes the command left outside its process group") !=
+        std::string::npos);
+}
