@@ -583,3 +583,33 @@ TEST_CASE("elect: a process the command daemonized with setsid (double fork) is 
   CHECK(read_file(dir.file("elect.log")).find("killed processes the command left outside its process group") !=
         std::string::npos);
 }
+
+TEST_CASE(
+    "authority restore safety: a serve started on a store that knows nothing (restored from an old backup) "
+    "raises the fence to the current leader's generation before any write; older tokens are stale") {
+  FG_REQUIRE_REDIS();
+  RedisServer redis;
+  FG_START_REDIS(redis);
+  TempDir dir("fencegate-restore");
+  // An earlier term (token 1) ended; the current leader holds token 2.
+  auto first =
+      run_command({kFencegate, "elect", "--coordinator", redis.url(1), "--election", "billing", "--", "true"}, 15s);
+  REQUIRE_MESSAGE(first.code() == 0, first.err);
+  Contender b =
+      start_contender(dir.path(), "b", {"--coordinator", redis.url(1), "--election", "billing", "--id", "worker-b"});
+  INFO(logs_of({&b}));
+  REQUIRE(eventually([&] { return b.started_command(); }, 15s));
+  const std::int64_t tb = b.token();
+  REQUIRE(tb == 2);
+  RecordingUpstream upstream;
+  CoordinatorProxy proxy(dir, redis.url(1), upstream.url());
+  INFO(proxy.log());
+  REQUIRE(proxy.start());
+  CHECK(eventually([&] { return proxy.generation() == tb; }, 10s));  // no write needed
+  CHECK(upstream.count() == 0);
+  CHECK(proxy.write(1).code() == 409);
+  CHECK(proxy.type(1) == "urn:fencegate:problem:stale-generation");
+  CHECK(proxy.write(tb).code() == 200);
+  b.process->kill(SIGTERM);
+  b.process->wait_for(10s);
+}
