@@ -613,3 +613,67 @@ TEST_CASE(
   b.process->kill(SIGTERM);
   b.process->wait_for(10s);
 }
+
+TEST_CASE("ZooKeeper restarted mid-leadership within the session timeout: the session and the leadership survive") {
+  FG_REQUIRE_ZK();
+  ZkServer zk;
+  FG_START_ZK(zk);
+  TempDir dir("fencegate-zkrestart");
+  Contender a =
+      start_contender(dir.path(), "a", {"--coordinator", zk.url(), "--election", "jobs", "--id", "a", "--ttl", "12"});
+  INFO(logs_of({&a}));
+  REQUIRE(eventually([&] { return a.started_command(); }, 15s));
+  const std::int64_t ta = a.token();
+  const pid_t child = a.child_pid();
+  zk.stop();
+  FG_START_ZK(zk);  // same port and data dir: the server restores its sessions
+  CHECK(eventually(
+      [&] {
+        auto l = leader_of(zk.url(), "jobs");
+        return l.code() == 0 && json::parse(l.out) == json{{"election", "jobs"}, {"leader", "a"}, {"token", ta}};
+      },
+      10s));
+  CHECK(pid_alive(child));
+  CHECK(a.process->running());
+  CHECK(a.log().find("leadership lost") == std::string::npos);
+  a.process->kill(SIGTERM);
+  a.process->wait_for(10s);
+}
+
+TEST_CASE(
+    "Redis restarted without persistence mid-leadership: the leader loses its lock and exits 75; the next "
+    "leader's generation starts over and the fence refuses it (safe, not live)") {
+  FG_REQUIRE_REDIS();
+  RedisServer redis;
+  FG_START_REDIS(redis);
+  TempDir dir("fencegate-redisrestart");
+  FencedResource res(dir);
+  REQUIRE_MESSAGE(res.wait(), read_file(res.log_path));
+  auto flags = [&](const std::string& id) {
+    return std::vector<std::string>{"--coordinator", redis.url(), "--election", "jobs",         "--id", id,
+                                    "--ttl",         "2",         "--fence",    res.fence_url()};
+  };
+  // Two terms: the fence holds generation 2.
+  auto first = run_command({kFencegate, "elect", "--coordinator", redis.url(), "--election", "jobs", "--fence",
+                            res.fence_url(), "--", "true"},
+                           15s);
+  REQUIRE_MESSAGE(first.code() == 0, first.err);
+  Contender a = start_contender(dir.path(), "a", flags("a"));
+  INFO(logs_of({&a}));
+  REQUIRE(eventually([&] { return a.started_command(); }, 15s));
+  CHECK(a.token() == 2);
+  CHECK(res.generation() == 2);
+  redis.stop();
+  FG_START_REDIS(redis);  // everything forgotten: no lock, the counter back at 0
+  auto st = a.process->wait_for(10s);
+  REQUIRE(st.has_value());
+  CHECK(st->code == 75);
+  // The next leader gets generation 1: the fence refuses it (the barrier fails: exit 76).
+  auto next = run_command({kFencegate, "elect", "--coordinator", redis.url(), "--election", "jobs", "--fence",
+                           res.fence_url(), "--fence-timeout-ms", "2000", "--", "true"},
+                          15s);
+  CHECK(next.code() == 76);
+  CHECK(next.err.find("fence refused the token") != std::string::npos);
+  CHECK(res.generation() == 2);
+  CHECK(res.write(1) == 409);
+}
