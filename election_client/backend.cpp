@@ -50,8 +50,8 @@ bool host_list(std::string_view list, int default_port, std::vector<std::string>
   std::size_t at = 0;
   for (;;) {
     std::size_t comma = list.find(',', at);
-    std::string one =
-        host_port(list.substr(at, comma == std::string_view::npos ? list.npos : comma - at), default_port, why);
+    std::string one = host_port(list.substr(at, comma == std::string_view::npos ? std::string_view::npos : comma - at),
+                                default_port, why);
     if (one.empty()) return false;
     out->push_back(one);
     if (comma == std::string_view::npos) return true;

@@ -435,6 +435,7 @@ class ZkObserver final : public Observer {
     if (rc != ZOK) return Status::Unavailable("zookeeper: " + zerr(rc));
     out->revision = dst.pzxid;
     std::vector<std::string> names;
+    names.reserve(static_cast<std::size_t>(std::max(sv.count, 0)));
     for (int i = 0; i < sv.count; ++i) names.emplace_back(sv.data[i]);
     deallocate_String_vector(&sv);
     for (const auto& n : names) {

@@ -130,8 +130,10 @@ Authority::Authority(config::Authority cfg, OnNewLeader on_new_leader)
     // issue 31: a ZooKeeper or Redis election, observed through the election client's backend.
     election::Coordinator c;
     std::string why;
-    if (!election::parse_coordinator(cfg_.coordinator, &c, &why) || !(backend_ = election::make_backend(c, &why)))
+    if (!election::parse_coordinator(cfg_.coordinator, &c, &why))
       throw std::invalid_argument("authority.coordinator: " + why);
+    backend_ = election::make_backend(c, &why);
+    if (!backend_) throw std::invalid_argument("authority.coordinator: " + why);
     observer_ = backend_->observer();
     return;
   }

@@ -677,3 +677,22 @@ TEST_CASE(
   CHECK(res.generation() == 2);
   CHECK(res.write(1) == 409);
 }
+
+TEST_CASE("elect/leader --coordinator etcd://: the same etcd election as --etcd http://") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  TempDir dir("fencegate-etcdurl");
+  const std::string url = "etcd://127.0.0.1:" + std::to_string(etcd.client_port());
+  Contender a = start_contender(dir.path(), "a", {"--coordinator", url, "--election", "e", "--id", "a", "--ttl", "5"});
+  INFO(logs_of({&a}));
+  REQUIRE(eventually([&] { return a.started_command(); }, 15s));
+  auto l = leader_of(url, "e");
+  REQUIRE_MESSAGE(l.code() == 0, l.err);
+  CHECK(json::parse(l.out) == json{{"election", "e"}, {"leader", "a"}, {"token", a.token()}});
+  auto old = run_command({kFencegate, "leader", "--etcd", etcd.url(), "--election", "e"}, 10s);
+  CHECK(old.out == l.out);
+  a.process->kill(SIGTERM);
+  a.process->wait_for(10s);
+  CHECK(leader_of(url, "e").code() == 3);
+}
