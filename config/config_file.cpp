@@ -133,6 +133,8 @@ Authority parse_authority(const json& j, const std::string& path, std::vector<st
     } else if (key == "coordinator") {  // issue 31: etcd://, zk:// or redis:// (checked by validate())
       has_etcd = true;
       get_string(v, fp, a.coordinator, errors);
+    } else if (key == "auth_file") {  // issue 31
+      get_string(v, fp, a.auth_file, errors);
     } else if (key == "election") {
       has_election = true;
       get_string(v, fp, a.election, errors);

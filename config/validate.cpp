@@ -59,6 +59,16 @@ bool check_coordinator(Authority& a, const std::string& path, std::vector<std::s
                      quote(a.coordinator) + ")");
     return false;
   }
+  if (!a.auth_file.empty()) {
+    std::string secret;
+    if (scheme == "etcd") {
+      errors.push_back(path + ".auth_file: only for a zk:// or redis:// coordinator");
+    } else if (auto e = files::read_secret_file(a.auth_file, &secret); !e.empty()) {
+      errors.push_back(path + ".auth_file: " + e);
+    } else if (scheme == "zk" && secret.find(':') == std::string::npos) {
+      errors.push_back(path + ".auth_file: " + a.auth_file + " must hold user:password (ZooKeeper digest auth)");
+    }
+  }
   if (scheme == "etcd") {
     for (const auto& h : hosts) a.etcd.push_back("http://" + h);
     a.coordinator.clear();
@@ -69,6 +79,8 @@ bool check_coordinator(Authority& a, const std::string& path, std::vector<std::s
 // Checks (and normalises) an authority; errors are named under `path` ("routes[0].authority").
 void check_authority(Authority& a, const std::string& path, std::vector<std::string>& errors) {
   if (!a.coordinator.empty() && !check_coordinator(a, path, errors)) return;
+  if (a.coordinator.empty() && !a.auth_file.empty())
+    errors.push_back(path + ".auth_file: only for a zk:// or redis:// coordinator");
   if (a.etcd.empty() && a.coordinator.empty()) errors.push_back(path + ".etcd: must list at least one etcd URL");
   std::vector<std::string> norm;
   for (std::size_t i = 0; i < a.etcd.size(); ++i) {

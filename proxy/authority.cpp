@@ -132,6 +132,12 @@ Authority::Authority(config::Authority cfg, OnNewLeader on_new_leader)
     std::string why;
     if (!election::parse_coordinator(cfg_.coordinator, &c, &why))
       throw std::invalid_argument("authority.coordinator: " + why);
+    if (!cfg_.auth_file.empty()) {
+      // Checked by the config's validation; a file changed since then is reported here.
+      if (auto e = election::read_coordinator_auth(cfg_.auth_file, &c); !e.empty())
+        log::error("authority: the auth_file cannot be used; going on without auth",
+                   {log::kv("election", cfg_.election), log::kv("error", e)});
+    }
     backend_ = election::make_backend(c, &why);
     if (!backend_) throw std::invalid_argument("authority.coordinator: " + why);
     observer_ = backend_->observer();

@@ -60,6 +60,47 @@ struct FencedResource {
   std::string log_path;
 };
 
+// `fencegate serve` with one route "/" -> upstream, resource "ledger", whose authority is the
+// election `billing` at `coordinator` (issue 31: "authority": {"coordinator": URL, ...}).
+struct CoordinatorProxy {
+  CoordinatorProxy(const TempDir& dir, const std::string& coordinator, const std::string& upstream,
+                   const std::string& auth_file = "", const std::string& name = "fencegate")
+      : port(free_port()), admin_port(distinct_port({port})), dir_(dir), name_(name) {
+    json authority = {{"coordinator", coordinator}, {"election", "billing"}};
+    if (!auth_file.empty()) authority["auth_file"] = auth_file;
+    json c = {{"listen", "127.0.0.1:" + std::to_string(port)},
+              {"db", dir.file(name + ".db")},
+              {"threads", 2},
+              {"admin", {{"listen", "127.0.0.1:" + std::to_string(admin_port)}}},
+              {"routes",
+               {{{"prefix", "/"}, {"upstream", upstream}, {"resource", "ledger"}, {"authority", authority}}}}};
+    write_file(dir.file(name_ + ".json"), c.dump(2));
+  }
+  bool start() {
+    process = std::make_unique<Process>(Process::start({kFencegate, "serve", "--config", dir_.file(name_ + ".json")},
+                                                       ProcessOptions{dir_.file(name_ + ".log"), {}, {}}));
+    return process->wait_for_port(port, 15s) && process->wait_for_port(admin_port, 15s);
+  }
+  std::string log() const { return "serve log:\n" + read_file(dir_.file(name_ + ".log"), 16 * 1024); }
+  ReadResult write(std::int64_t g) const {
+    return request(port, "POST", "/ledger/charge", {{"Fencing-Token", std::to_string(g)}}, "{}", 10s);
+  }
+  std::string type(std::int64_t g) const {
+    json j = json::parse(write(g).response.body, nullptr, false);
+    return j.is_object() && j.contains("type") ? j["type"].get<std::string>() : "";
+  }
+  std::int64_t generation() const {
+    auto r = request(admin_port, "GET", "/v1/resources/ledger", {}, {}, 5s);
+    if (r.code() != 200) return 0;
+    return json::parse(r.response.body).value("generation", std::int64_t{0});
+  }
+
+  std::uint16_t port, admin_port;
+  const TempDir& dir_;
+  std::string name_;
+  std::unique_ptr<Process> process;
+};
+
 CommandResult leader_of(const std::string& coordinator, const std::string& election,
                         const std::vector<std::string>& extra = {}) {
   std::vector<std::string> argv{kFencegate, "leader", "--coordinator", coordinator, "--election", election};
@@ -297,6 +338,22 @@ TEST_CASE("ZooKeeper: digest auth from --zk-auth under a chroot; the nodes are t
   CHECK(leader_of(zk.url("/shared/other"), "jobs").code() == 3);
   a.process->kill(SIGTERM);
   a.process->wait_for(10s);
+
+  // A route's authority reads the election with "auth_file"; without it, it cannot: 503.
+  Contender b =
+      start_contender(dir.path(), "b", {"--coordinator", url, "--zk-auth", auth, "--election", "billing", "--id", "b"});
+  REQUIRE(eventually([&] { return b.started_command(); }, 15s));
+  RecordingUpstream upstream;
+  CoordinatorProxy with(dir, url, upstream.url(), auth, "with"), without(dir, url, upstream.url(), "", "without");
+  INFO(with.log(), without.log());
+  REQUIRE(with.start());
+  REQUIRE(without.start());
+  CHECK(eventually([&] { return with.generation() == b.token(); }, 10s));
+  CHECK(with.write(b.token()).code() == 200);
+  CHECK(without.write(b.token()).code() == 503);
+  CHECK(without.generation() == 0);
+  b.process->kill(SIGTERM);
+  b.process->wait_for(10s);
 }
 
 TEST_CASE("Redis: the password comes from --redis-auth; a wrong one is refused; tokens keep growing across terms") {
@@ -327,46 +384,6 @@ TEST_CASE("Redis: the password comes from --redis-auth; a wrong one is refused; 
 }
 
 namespace {
-
-// `fencegate serve` with one route "/" -> upstream, resource "ledger", whose authority is the
-// election `billing` at `coordinator` (issue 31: "authority": {"coordinator": URL, ...}).
-struct CoordinatorProxy {
-  CoordinatorProxy(const TempDir& dir, const std::string& coordinator, const std::string& upstream)
-      : port(free_port()), admin_port(distinct_port({port})), dir_(dir) {
-    json c = {{"listen", "127.0.0.1:" + std::to_string(port)},
-              {"db", dir.file("fence.db")},
-              {"threads", 2},
-              {"admin", {{"listen", "127.0.0.1:" + std::to_string(admin_port)}}},
-              {"routes",
-               {{{"prefix", "/"},
-                 {"upstream", upstream},
-                 {"resource", "ledger"},
-                 {"authority", {{"coordinator", coordinator}, {"election", "billing"}}}}}}};
-    write_file(dir.file("fencegate.json"), c.dump(2));
-  }
-  bool start() {
-    process = std::make_unique<Process>(Process::start({kFencegate, "serve", "--config", dir_.file("fencegate.json")},
-                                                       ProcessOptions{dir_.file("serve.log"), {}, {}}));
-    return process->wait_for_port(port, 15s) && process->wait_for_port(admin_port, 15s);
-  }
-  std::string log() const { return "serve log:\n" + read_file(dir_.file("serve.log"), 16 * 1024); }
-  ReadResult write(std::int64_t g) const {
-    return request(port, "POST", "/ledger/charge", {{"Fencing-Token", std::to_string(g)}}, "{}", 10s);
-  }
-  std::string type(std::int64_t g) const {
-    json j = json::parse(write(g).response.body, nullptr, false);
-    return j.is_object() && j.contains("type") ? j["type"].get<std::string>() : "";
-  }
-  std::int64_t generation() const {
-    auto r = request(admin_port, "GET", "/v1/resources/ledger", {}, {}, 5s);
-    if (r.code() != 200) return 0;
-    return json::parse(r.response.body).value("generation", std::int64_t{0});
-  }
-
-  std::uint16_t port, admin_port;
-  const TempDir& dir_;
-  std::unique_ptr<Process> process;
-};
 
 // The proxy follows the election itself: the leader's token is fenced in before the leader
 // writes; a forged token, a former leader, and a leader that resigned with no successor are
@@ -433,15 +450,25 @@ TEST_CASE(
   authority_scenario(redis.url(1), [&] { redis.stop(); });
 }
 
-TEST_CASE("authority.coordinator: a bad URL, or both etcd and coordinator, is a config error (exit 2)") {
+TEST_CASE(
+    "authority.coordinator: a bad URL, both etcd and coordinator, or a bad auth_file is a config error "
+    "(exit 2)") {
   TempDir dir("fencegate-coordcfg");
+  const std::string open_file = secret_file(dir, "open", "u:p", 0644);
+  const std::string no_user = secret_file(dir, "nouser", "password");
   for (const auto& [authority, msg] :
-       {std::pair{json{{"coordinator", "mysql://db:3306"}, {"election", "e"}},
-                  "routes[0].authority.coordinator: must be etcd://host:port"},
-        std::pair{json{{"coordinator", "redis://a:1,b:2"}, {"election", "e"}},
-                  "routes[0].authority.coordinator: must be"},
-        std::pair{json{{"coordinator", "zk://a:1"}, {"etcd", {"http://a:2379"}}, {"election", "e"}},
-                  "give either \"etcd\" or \"coordinator\""}}) {
+       {std::pair<json, std::string>{json{{"coordinator", "mysql://db:3306"}, {"election", "e"}},
+                                     "routes[0].authority.coordinator: must be etcd://host:port"},
+        std::pair<json, std::string>{json{{"coordinator", "redis://a:1,b:2"}, {"election", "e"}},
+                                     "routes[0].authority.coordinator: must be"},
+        std::pair<json, std::string>{json{{"coordinator", "zk://a:1"}, {"etcd", {"http://a:2379"}}, {"election", "e"}},
+                                     "give either \"etcd\" or \"coordinator\""},
+        std::pair<json, std::string>{json{{"coordinator", "zk://a:1"}, {"auth_file", open_file}, {"election", "e"}},
+                                     "routes[0].authority.auth_file: " + open_file + " has mode 0644"},
+        std::pair<json, std::string>{json{{"coordinator", "zk://a:1"}, {"auth_file", no_user}, {"election", "e"}},
+                                     "must hold user:password"},
+        std::pair<json, std::string>{json{{"etcd", {"http://a:2379"}}, {"auth_file", no_user}, {"election", "e"}},
+                                     "routes[0].authority.auth_file: only for a zk:// or redis:// coordinator"}}) {
     json c = {{"listen", "127.0.0.1:0"},
               {"db", dir.file("fence.db")},
               {"routes", {{{"prefix", "/"}, {"upstream", "http://127.0.0.1:9"}, {"authority", authority}}}}};
