@@ -88,7 +88,7 @@ constexpr const char* kElectUsage =
     "  --grace-ms MS            SIGTERM -> SIGKILL grace for the command (default 5000)\n"
     "  --log-level LEVEL        debug, info, warn, error (default info); JSON lines on stderr\n"
     "\n"
-    "Exit codes: COMMAND's status; 1 etcd unreachable at start or COMMAND could not start;\n"
+    "Exit codes: COMMAND's status; 1 the coordinator unreachable at start or COMMAND could not start;\n"
     "2 bad flags; 75 leadership lost while COMMAND ran; 76 activation barrier failed;\n"
     "128+N got signal N before COMMAND started.\n";
 
