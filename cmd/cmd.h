@@ -23,4 +23,16 @@ int usage_error(const char* cmd, const std::vector<std::string>& errors);
 // an election elect runs must be one a sidecar can follow; else the message.
 std::string election_name_error(const std::string& name);
 
+// --coordinator URL or --etcd URLS (exactly one), plus --zk-auth / --redis-auth FILE: the
+// coordinator (election_client/backend.h). Returns "" with *out set, or the error naming the flag.
+struct CoordinatorFlags {
+  std::string coordinator, etcd, zk_auth, redis_auth;
+};
+}  // namespace fencegate::cmd
+namespace fencegate::election {
+struct Coordinator;
+}
+namespace fencegate::cmd {
+std::string coordinator_from_flags(const CoordinatorFlags& flags, election::Coordinator* out);
+
 }  // namespace fencegate::cmd
