@@ -309,6 +309,9 @@ task<bool> Session::handle(std::size_t head_len) {
   const config::Route& route = *rq.match.route;
   rq.fenced = route.mode != Mode::off && route.is_fenced(sc_->head.method);
   if (rq.fenced) rq.fence.resource = rq.match.resource;
+  // TLS (issue 27): the route's allowed_clients, before anything touches the fence.
+  if (!route.allowed_clients.empty() && !config::client_allowed(route.allowed_clients, client_identity_))
+    co_return co_await refuse_client(rq);
   if (rq.framing.content_length && *rq.framing.content_length > cfg().max_body_bytes) {
     if (rq.fenced) rq.fence.generation = rt_.fence.current(rq.match.resource);
     sc_->problem = Problem{413, "body-too-large", "Content too large",
@@ -552,6 +555,20 @@ task<bool> Session::admit_after_wait(RequestState& rq, Exchange& ex, AdmitNow st
     if (!st.ok()) audit_failed(a, st);
   }
   note_admission(a, rq);
+  co_return co_await refuse(rq, a.refusal, rq.fence);
+}
+
+// TLS (issue 27): 403 client-not-allowed, answered once its audit row is durable (else 503).
+task<bool> Session::refuse_client(RequestState& rq) {
+  read_token(sc_->head, cfg(), &rq.token);  // for the audit row
+  Admission a = client_not_allowed(admission_input(rq), client_identity_);
+  if (rq.fenced) rq.fence.generation = rt_.fence.current(rq.match.resource);
+  log::warn("refused request: client identity not in the route's allowed_clients",
+            {log::kv("resource", rq.match.resource), log::kv("client", client_ip_),
+             log::kv("client_identity", client_identity_), log::kv("method", sc_->head.method)});
+  store::Status st = co_await audit_sync(*a.audit);
+  if (!st.ok()) audit_failed(a, st);
+  count(rq.match.resource, *a.outcome);
   co_return co_await refuse(rq, a.refusal, rq.fence);
 }
 
