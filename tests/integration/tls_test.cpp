@@ -69,6 +69,7 @@ struct Certs {
     leaf("cn-only", "ca", "batch-job", "");
     leaf("expired", "ca", "expired", std::string("URI:") + kWriter, -1);
     leaf("stranger", "other-ca", "stranger", std::string("URI:") + kWriter);
+    leaf("sni", "other-ca", "api.other.test", "DNS:api.other.test");
   }
 };
 
@@ -221,6 +222,34 @@ TEST_SUITE("tls") {
     INFO(describe(old));
     CHECK(old.exit != 0);
     CHECK(up.count() == 2);
+  }
+
+  TEST_CASE("tls: sni picks the certificate by server name; others get the main one") {
+    const Certs& c = certs();
+    RecordingUpstream up;
+    ProxySpec spec;
+    spec.config = config_with_routes({route("/", up.url(), "ledger")});
+    json t = tls_block("none");
+    t["sni"] = json::array(
+        {json{{"names", json::array({"*.other.test"})}, {"cert", c.f("sni.crt")}, {"key", c.f("sni.key")}}});
+    (*spec.config)["tls"] = t;
+    Proxy px(spec);
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    const std::string resolve = "api.other.test:" + std::to_string(px.port()) + ":127.0.0.1";
+    const std::string url = "https://api.other.test:" + std::to_string(px.port()) + "/x";
+    CommandResult named = run_command({tool("curl"), "-sS", "--max-time", "10", "--cacert", c.f("other-ca.crt"),
+                                       "--resolve", resolve, "-o", "/dev/null", "-w", "%{http_code}", url},
+                                      20s);
+    INFO(named.err);
+    CHECK(named.out == "200");
+    // The main certificate (another CA) is not what api.other.test gets ...
+    CommandResult wrong = run_command({tool("curl"), "-sS", "--max-time", "10", "--cacert", c.f("ca.crt"), "--resolve",
+                                       resolve, "-o", "/dev/null", url},
+                                      20s);
+    CHECK(wrong.code() != 0);
+    // ... and a client naming no listed server gets the main one.
+    CHECK(curl(px.port(), "GET", "/y", "").status == 200);
   }
 
   TEST_CASE("tls: client_auth required: no certificate, another CA's, an expired one fail the handshake") {
