@@ -343,6 +343,46 @@ TEST_SUITE("tls") {
     CHECK_FALSE(up.requests()[0].has("Fencing-Client-Identity"));
   }
 
+  TEST_CASE("tls: a stalled handshake is cut at header_timeout_ms while other clients are served") {
+    RecordingUpstream up;
+    ProxySpec spec;
+    spec.config = config_with_routes({route("/", up.url(), "ledger")});
+    (*spec.config)["tls"] = tls_block("none");
+    (*spec.config)["header_timeout_ms"] = 600;
+    Proxy px(spec);
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    FG_ADMIN_PORT(admin, px);
+
+    auto connect_raw = [&] {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(px.port());
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+      timeval tv{10, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      return fd;
+    };
+    const int silent = connect_raw();
+    const int partial = connect_raw();
+    REQUIRE(::send(partial, "\x16\x03\x01", 3, MSG_NOSIGNAL) == 3);  // a ClientHello that never ends
+    // Meanwhile a real client is served.
+    Curl ok = curl(px.port(), "POST", "/orders", "", {"-H", "Fencing-Token: 1"});
+    INFO(describe(ok));
+    CHECK(ok.status == 200);
+    // Both stalled ones are closed by the proxy (read returns 0 or a reset), within the timeout + slack.
+    for (int fd : {silent, partial}) {
+      char b[64];
+      const ssize_t n = ::recv(fd, b, sizeof b, 0);
+      CHECK(n <= 0);
+      CHECK((n == 0 || errno != EAGAIN));
+      ::close(fd);
+    }
+    CHECK(eventually([&] { return tls_failures(admin, "timeout") == 2; }));
+  }
+
   TEST_CASE("tls: a missing certificate file or a key that is not the certificate's exits 2 naming the file") {
     const Certs& c = certs();
     TempDir dir("fencegate-tls-bad");
