@@ -317,6 +317,8 @@ TEST_SUITE("tls") {
     REQUIRE(rows.contains("rows"));
     CHECK(rows["rows"].size() == 2);
     for (const auto& row : rows["rows"]) CHECK(row["resource"] == "ledger");
+    CHECK(sample(parse_prometheus(metrics_text(admin)), "fencegate_requests_total",
+                 {{"resource", "ledger"}, {"decision", "rejected_client_not_allowed"}}) == 2);
   }
 
   TEST_CASE("tls: plain HTTP sent to the TLS port gets a plaintext 400 and a close") {
