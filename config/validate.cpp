@@ -95,8 +95,9 @@ void check_tls(const Config& c, std::vector<std::string>& errors) {
     const std::string p = "routes[" + std::to_string(i) + "].allowed_clients";
     if (r.allowed_clients.empty()) continue;
     if (!c.tls.enabled() || c.tls.client_auth == ClientAuth::none)
-      errors.push_back(p + ": needs tls with client_auth \"optional\" or \"required\" (without a verified client "
-                           "certificate no request has an identity)");
+      errors.push_back(p +
+                       ": needs tls with client_auth \"optional\" or \"required\" (without a verified client "
+                       "certificate no request has an identity)");
     for (std::size_t k = 0; k < r.allowed_clients.size(); ++k) {
       const std::string& a = r.allowed_clients[k];
       const auto star = a.find('*');
@@ -105,8 +106,10 @@ void check_tls(const Config& c, std::vector<std::string>& errors) {
         return u > 0x20 && u < 0x7f;
       });
       if (a.empty() || a == "*" || !printable || (star != std::string::npos && star != a.size() - 1))
-        errors.push_back(p + "[" + std::to_string(k) + "]: an identity is printable ASCII without spaces, with at most a trailing \"*\" after a "
-                             "prefix (got " + quote(a) + ")");
+        errors.push_back(p + "[" + std::to_string(k) +
+                         "]: an identity is printable ASCII without spaces, with at most a trailing \"*\" after a "
+                         "prefix (got " +
+                         quote(a) + ")");
     }
   }
 }

@@ -260,9 +260,13 @@ Admission client_not_allowed(const AdmissionInput& in, std::string_view identity
   a.audit_durable = true;
   const std::string who = identity.empty() ? std::string("a client without a verified certificate")
                                            : "client " + std::string(clipped(identity, 256));
-  a.refusal = Problem{403, "client-not-allowed", "Client not allowed",
-                      who + " may not use this route (allowed_clients); nothing was forwarded", *in.resource,
-                      std::nullopt, std::nullopt};
+  a.refusal = Problem{403,
+                      "client-not-allowed",
+                      "Client not allowed",
+                      who + " may not use this route (allowed_clients); nothing was forwarded",
+                      *in.resource,
+                      std::nullopt,
+                      std::nullopt};
   return a;
 }
 

@@ -88,8 +88,8 @@ class Metrics {
   std::atomic<std::uint64_t> forwarded_dropped{0};   // client Forwarded values dropped as not RFC 7239
   // TLS (issue 27): failed handshakes on the data listener, by reason (kTlsFailureReasons).
   static constexpr std::array<std::string_view, 8> kTlsFailureReasons = {
-      "timeout", "plaintext_http", "no_client_certificate", "unknown_ca", "certificate_expired",
-      "certificate_invalid", "protocol", "other"};
+      "timeout",  "plaintext_http", "no_client_certificate", "unknown_ca", "certificate_expired", "certificate_invalid",
+      "protocol", "other"};
   std::array<std::atomic<std::uint64_t>, kTlsFailureReasons.size()> tls_handshake_failures{};
   void count_tls_failure(std::string_view reason) {
     std::size_t i = 0;
