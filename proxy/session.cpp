@@ -616,8 +616,8 @@ void Session::note_admission(const Admission& a, const RequestState& rq) {
   log::write(would ? log::Level::info : log::Level::warn, would ? "would reject write" : "rejected write",
              {log::kv("decision", to_string(o)), log::kv("resource", resource), log::kv("presented_generation", g),
               log::kv("current_generation", a.current), log::kv("leader", rq.token.leader),
-              log::kv("client", client_ip_), log::kv("method", sc_->head.method),
-              log::kv("target", sc_->head.target.substr(0, 256))});
+              log::kv("client", client_ip_), log::kv("client_identity", client_identity_),  // TLS (issue 27)
+              log::kv("method", sc_->head.method), log::kv("target", sc_->head.target.substr(0, 256))});
 }
 
 // A request refused before its body was read keeps the connection only if its body is small

@@ -210,6 +210,13 @@ TEST_SUITE("tls") {
     CHECK(rec.header("fencing_client_identity").empty());
     CHECK(rec.header("X-Forwarded-For") == "127.0.0.1");
 
+    // A refused write's log line names the identity.
+    Curl no_token = curl(px.port(), "POST", "/orders", "writer", {"-d", "x"});
+    CHECK(no_token.status == 428);
+    CHECK(eventually([&] {
+      return px.log(64 * 1024).find(std::string("\"client_identity\":\"") + kWriter + "\"") != std::string::npos;
+    }));
+
     // A subject CN is the identity when the certificate has no SAN URI or DNS name.
     Curl cn = curl(px.port(), "POST", "/orders", "cn-only", {"-H", "Fencing-Token: 1"});
     INFO(describe(cn));
