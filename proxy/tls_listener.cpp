@@ -114,11 +114,16 @@ task<void> pump_down(std::shared_ptr<Conn> c, std::chrono::milliseconds write_ti
 }
 
 task<void> run_connection(std::shared_ptr<Conn> c, std::shared_ptr<const TlsContext> ctx) {
-  const std::shared_ptr<const Snapshot> snap = c->st.rt.snapshot();
-  const config::Config& cfg = *snap->cfg;
+  std::chrono::milliseconds handshake_timeout, write_timeout;
+  {
+    // Copied: a long connection must not hold on to the config of its start.
+    const std::shared_ptr<const Snapshot> snap = c->st.rt.snapshot();
+    handshake_timeout = snap->cfg->header_timeout;
+    write_timeout = snap->cfg->body_timeout;
+  }
   boost::system::error_code ec;
   Socket& tcp_sock = c->tls.next_layer();
-  c->arm(cfg.header_timeout);
+  c->arm(handshake_timeout);
   // Plain HTTP to the TLS port: a short plaintext 400, then close (as nginx does).
   co_await tcp_sock.async_wait(tcp::socket::wait_read, net::redirect_error(use_task, ec));
   unsigned char first = 0;
@@ -185,7 +190,7 @@ task<void> run_connection(std::shared_ptr<Conn> c, std::shared_ptr<const TlsCont
   }
   Session::start(std::move(s), false);
   net::co_spawn(c->w.ioc, pump_up(c), net::detached);
-  co_await pump_down(c, cfg.body_timeout);
+  co_await pump_down(c, write_timeout);
 }
 
 }  // namespace
