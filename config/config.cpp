@@ -391,8 +391,8 @@ const SectionField kSectionFieldRows[] = {
        c.tls.cert = v;
        return {};
      },
-     [](const Config&) -> std::string { return "none (plaintext)"; }, "FILE",
-     "data listener TLS certificate chain (PEM); with tls.key turns TLS on"},
+     [](const Config&) -> std::string { return "none"; }, "FILE",
+     "data listener TLS certificate chain (PEM); with tls.key the port speaks only TLS (docs/tls.md)"},
     {"tls.key", JsonKind::string,
      [](Config& c, std::string_view v) -> std::string {
        if (v.empty()) return "must not be empty";
