@@ -462,5 +462,9 @@ TEST_SUITE("tls") {
     CHECK(new_ca.status == 200);
     CHECK(conn.roundtrip(req, &body) == 200);  // ... and the open connection goes on
     CHECK(up.count() == 4);
+    // A graceful stop with the TLS connection still open.
+    const ExitStatus st = px.stop();
+    CHECK(st.exited);
+    CHECK(st.code == 0);
   }
 }
