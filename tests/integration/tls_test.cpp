@@ -310,6 +310,10 @@ TEST_SUITE("tls") {
     Curl anon = curl(px.port(), "POST", "/ledger/x", "", {"-H", "Fencing-Token: 5", "-d", "x"});
     INFO(describe(anon));
     CHECK(anon.status == 403);
+    // optional still verifies a certificate that is presented: another CA's fails the handshake.
+    Curl stranger = curl(px.port(), "POST", "/open/x", "stranger", {"-H", "Fencing-Token: 1"});
+    INFO(describe(stranger));
+    CHECK(stranger.exit != 0);
     CHECK(up.count() == 0);
     // Refused before the fence: generation 5 was not stored, so generation 1 still gets in.
     Curl allowed = curl(px.port(), "POST", "/ledger/x", "writer", {"-H", "Fencing-Token: 1", "-d", "x"});
@@ -447,6 +451,8 @@ TEST_SUITE("tls") {
     INFO(describe(bad));
     CHECK(bad.code() == 422);
     CHECK(bad.response.body.find("server.key") != std::string::npos);
+    CHECK(sample(parse_prometheus(metrics_text(admin)), "fencegate_config_reloads_total", {{"result", "rejected"}}) ==
+          1);
     CHECK(curl(px.port(), "POST", "/b", "writer", {"-H", "Fencing-Token: 1"}).status == 200);
 
     // The server's new certificate comes from another CA.
