@@ -248,6 +248,7 @@ task<bool> Session::discard(std::uint64_t n) {
 
 task<store::Status> Session::audit_sync(store::AuditRow& row) {
   row.traceparent = traceparent_of(sc_->head);  // the caller's trace, to find the refusal from it
+  row.client_identity = client_identity_;        // TLS (issue 27)
   auto slot = std::make_shared<CrossThreadResult<store::Status>>(w_);
   rt_.store.append_audit(std::move(row),
                          [slot](store::Status st) { CrossThreadResult<store::Status>::fulfil(slot, std::move(st)); });
@@ -512,6 +513,7 @@ void Session::admitted(RequestState& rq) {
   if (!a.observe.empty()) rq.fence.observe = a.observe;
   if (a.audit) {
     a.audit->traceparent = traceparent_of(sc_->head);
+    a.audit->client_identity = client_identity_;  // TLS (issue 27)
     rt_.store.append_audit(std::move(*a.audit), nullptr);
   }
   note_admission(a, rq);

@@ -328,6 +328,9 @@ TEST_SUITE("tls") {
     REQUIRE(rows.contains("rows"));
     CHECK(rows["rows"].size() == 2);
     for (const auto& row : rows["rows"]) CHECK(row["resource"] == "ledger");
+    // The rows name the identity (newest first: the client without a certificate, then the reader).
+    CHECK(rows["rows"][0]["client_identity"] == "");
+    CHECK(rows["rows"][1]["client_identity"] == kReader);
     CHECK(sample(parse_prometheus(metrics_text(admin)), "fencegate_requests_total",
                  {{"resource", "ledger"}, {"decision", "rejected_client_not_allowed"}}) == 2);
   }
