@@ -214,6 +214,15 @@ const StrField kStrFieldRows[] = {
        return {};
      },
      [](const Config& c) { return c.leader_header; }, "request header naming the leader"},
+    // TLS (issue 27): the header carrying the verified client identity to the upstream.
+    {"client_identity_header",
+     [](Config& c, std::string_view v) -> std::string {
+       if (auto e = check_header_name(v); !e.empty()) return e;
+       c.client_identity_header = v;
+       return {};
+     },
+     [](const Config& c) { return c.client_identity_header; },
+     "request header carrying the verified TLS client identity to the upstream (a client's own is dropped)"},
     {"log_level",
      [](Config& c, std::string_view v) -> std::string {
        if (auto e = check_log_level(v); !e.empty()) return e;
@@ -375,12 +384,56 @@ const SectionField kSectionFieldRows[] = {
     {"audit.max_rows", JsonKind::integer, set_max_rows,
      [](const Config& c) { return std::to_string(c.audit.max_rows); }, "N",
      "keep at most N newest audit rows; 0 = unlimited"},
+    // TLS on the data listener (issue 27, docs/tls.md).
+    {"tls.cert", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v.empty()) return "must not be empty";
+       c.tls.cert = v;
+       return {};
+     },
+     [](const Config&) -> std::string { return "none"; }, "FILE",
+     "data listener TLS certificate chain (PEM); with tls.key the port speaks only TLS (docs/tls.md)"},
+    {"tls.key", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v.empty()) return "must not be empty";
+       c.tls.key = v;
+       return {};
+     },
+     [](const Config&) -> std::string { return "none"; }, "FILE", "private key of tls.cert (PEM)"},
+    {"tls.client_ca", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v.empty()) return "must not be empty";
+       c.tls.client_ca = v;
+       return {};
+     },
+     [](const Config&) -> std::string { return "none"; }, "FILE", "CA bundle (PEM) client certificates must chain to"},
+    {"tls.client_auth", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v == "none") c.tls.client_auth = ClientAuth::none;
+       else if (v == "optional") c.tls.client_auth = ClientAuth::optional;
+       else if (v == "required") c.tls.client_auth = ClientAuth::required;
+       else return "must be one of none, optional, required (got " + quote(v) + ")";
+       return {};
+     },
+     [](const Config& c) -> std::string {
+       return c.tls.client_auth == ClientAuth::none       ? "none"
+              : c.tls.client_auth == ClientAuth::optional ? "optional"
+                                                          : "required";
+     },
+     "MODE", "client certificates: none | optional | required (needs tls.client_ca)"},
+    {"tls.min_version", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v != "1.2" && v != "1.3") return "must be \"1.2\" or \"1.3\" (got " + quote(v) + ")";
+       c.tls.min_version = v;
+       return {};
+     },
+     [](const Config& c) { return c.tls.min_version; }, "1.2|1.3", "lowest TLS version accepted"},
 };
 
 #undef FG_ADMIN_MS_FIELD
 #undef FG_ADMIN_COUNT_FIELD
 
-const char* const kSectionNames[] = {"admin", "audit"};
+const char* const kSectionNames[] = {"admin", "audit", "tls"};
 
 }  // namespace
 
@@ -436,6 +489,19 @@ std::optional<Mode> parse_mode(std::string_view s) {
 std::string Endpoint::to_string() const {
   std::string h = host.find(':') != std::string::npos ? "[" + host + "]" : host;
   return h + ":" + std::to_string(port);
+}
+
+// TLS (issue 27): an empty identity (no verified client certificate) matches nothing.
+bool client_allowed(const std::vector<std::string>& patterns, std::string_view identity) {
+  if (identity.empty()) return false;
+  for (const std::string& p : patterns) {
+    if (!p.empty() && p.back() == '*') {
+      if (identity.starts_with(std::string_view(p).substr(0, p.size() - 1))) return true;
+    } else if (identity == p) {
+      return true;
+    }
+  }
+  return false;
 }
 
 bool Route::is_fenced(std::string_view method) const {

@@ -67,9 +67,30 @@ struct Route {
   // one capture route cannot use up max_resources for every other route.
   std::size_t max_resources = 0;
 
+  // TLS (issue 27): the verified client identities that may send requests through this route
+  // (exact, or "prefix*"); empty: anyone. Others get 403 client-not-allowed (docs/tls.md).
+  std::vector<std::string> allowed_clients;
+
   // Returns true iff `method` (case-sensitive, as on the wire) is fenced on this route.
   bool is_fenced(std::string_view method) const;
 };
+
+// TLS on the data listener (issue 27, docs/tls.md).
+enum class ClientAuth { none, optional, required };
+struct TlsSni {
+  std::vector<std::string> names;  // server names (exact, or "*.example.com")
+  std::string cert, key;           // PEM paths
+};
+struct Tls {
+  std::string cert, key;      // PEM: certificate chain and its private key
+  std::string client_ca;      // PEM bundle of CAs client certificates must chain to
+  ClientAuth client_auth = ClientAuth::none;
+  std::string min_version = "1.2";  // "1.2" | "1.3"
+  std::vector<TlsSni> sni;    // more certificates, chosen by the client's server name
+  bool enabled() const { return !cert.empty() || !key.empty(); }
+};
+// True iff `identity` is allowed by `patterns` (exact names, or "prefix*").
+bool client_allowed(const std::vector<std::string>& patterns, std::string_view identity);
 
 struct Config {
   Endpoint listen{"127.0.0.1", 8080};
@@ -124,6 +145,11 @@ struct Config {
     std::chrono::seconds max_age{std::chrono::hours(24 * 90)};
     std::uint64_t max_rows = 10'000'000;
   } audit;
+
+  // TLS on the data listener (issue 27): off while tls.cert is empty. The verified client
+  // identity goes to the upstream in client_identity_header (a client's own is always dropped).
+  Tls tls;
+  std::string client_identity_header = "Fencing-Client-Identity";
 
   // Where the config came from (for reload and messages); empty for flag-only.
   std::string config_file;

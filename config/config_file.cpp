@@ -202,6 +202,14 @@ Route parse_route(const json& j, const std::string& path, std::vector<std::strin
       } else {
         errors.push_back(fp + ": must be a whole number from 0 (no route limit) to 100000000 (got " + got(v) + ")");
       }
+    } else if (key == "allowed_clients") {  // TLS (issue 27)
+      if (!v.is_array()) {
+        errors.push_back(fp + ": must be an array of client identities (got " + got(v) + ")");
+        continue;
+      }
+      r.allowed_clients.clear();
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (get_string(v[i], fp + "[" + std::to_string(i) + "]", s, errors)) r.allowed_clients.push_back(s);
     } else if (key == "new_resources") {
       if (get_string(v, fp, s, errors)) {
         if (s == "on_write" || s == "fenced_only") r.fenced_only = s == "fenced_only";
@@ -214,7 +222,42 @@ Route parse_route(const json& j, const std::string& path, std::vector<std::strin
   return r;
 }
 
-// Reads one "admin"/"audit" object into `c`.
+// TLS (issue 27): "tls": {"sni": [{"names": [...], "cert": PATH, "key": PATH}, ...]}.
+void parse_tls_sni(Config& c, const json& v, std::vector<std::string>& errors) {
+  if (!v.is_array()) {
+    errors.push_back("tls.sni: must be an array of {\"names\", \"cert\", \"key\"} objects (got " + got(v) + ")");
+    return;
+  }
+  c.tls.sni.clear();
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const std::string p = "tls.sni[" + std::to_string(i) + "]";
+    if (!v[i].is_object()) {
+      errors.push_back(p + ": must be an object (got " + got(v[i]) + ")");
+      continue;
+    }
+    TlsSni e;
+    for (const auto& [key, x] : v[i].items()) {
+      std::string s;
+      if (key == "names") {
+        if (!x.is_array()) {
+          errors.push_back(p + ".names: must be an array of server names (got " + got(x) + ")");
+          continue;
+        }
+        for (std::size_t k = 0; k < x.size(); ++k)
+          if (get_string(x[k], p + ".names[" + std::to_string(k) + "]", s, errors)) e.names.push_back(s);
+      } else if (key == "cert") {
+        get_string(x, p + ".cert", e.cert, errors);
+      } else if (key == "key") {
+        get_string(x, p + ".key", e.key, errors);
+      } else {
+        errors.push_back(p + "." + key + ": unknown key");
+      }
+    }
+    c.tls.sni.push_back(std::move(e));
+  }
+}
+
+// Reads one "admin"/"audit"/"tls" object into `c`.
 void parse_section(Config& c, const std::string& section, const json& j, std::vector<std::string>& errors) {
   if (!j.is_object()) {
     errors.push_back(section + ": must be an object (got " + got(j) + ")");
@@ -222,6 +265,10 @@ void parse_section(Config& c, const std::string& section, const json& j, std::ve
   }
   for (const auto& [key, v] : j.items()) {
     std::string path = section + "." + key;
+    if (path == "tls.sni") {  // TLS (issue 27): the one array in a section
+      parse_tls_sni(c, v, errors);
+      continue;
+    }
     auto f = std::find_if(std::begin(kSectionFields), std::end(kSectionFields),
                           [&](const SectionField& sf) { return path == sf.key; });
     if (f == std::end(kSectionFields)) {

@@ -112,9 +112,72 @@ void check_authority(Authority& a, const std::string& path, std::vector<std::str
     errors.push_back(path + ".grace_ms: " + grace_error(std::to_string(a.grace.count())));
 }
 
+// TLS (issue 27): a file the TLS context will load must be there and readable now, so that a
+// start fails with exit 2 naming it. (Whether a key matches its certificate is checked where the
+// context is built, proxy/tls_context.cpp, with the same exit code.)
+void check_readable(const std::string& field, const std::string& path, std::vector<std::string>& errors) {
+  if (path.empty()) {
+    errors.push_back(field + ": required");
+    return;
+  }
+  std::string text;
+  if (auto e = read_file(path, text); !e.empty()) errors.push_back(field + ": cannot read " + path + ": " + e);
+  else if (text.empty()) errors.push_back(field + ": " + path + " is empty");
+}
+
+void check_tls(const Config& c, std::vector<std::string>& errors) {
+  if (!c.tls.enabled()) {
+    if (!c.tls.client_ca.empty() || c.tls.client_auth != ClientAuth::none || !c.tls.sni.empty())
+      errors.push_back("tls.cert: required when other tls settings are given");
+  } else {
+    check_readable("tls.cert", c.tls.cert, errors);
+    check_readable("tls.key", c.tls.key, errors);
+    if (!c.tls.client_ca.empty()) check_readable("tls.client_ca", c.tls.client_ca, errors);
+    if (c.tls.client_auth != ClientAuth::none && c.tls.client_ca.empty())
+      errors.push_back("tls.client_ca: required when tls.client_auth is optional or required");
+    for (std::size_t i = 0; i < c.tls.sni.size(); ++i) {
+      const TlsSni& e = c.tls.sni[i];
+      const std::string p = "tls.sni[" + std::to_string(i) + "]";
+      if (e.names.empty()) errors.push_back(p + ".names: must list at least one server name");
+      for (const std::string& n : e.names)
+        if (n.empty() || n.size() > 253 || n.find_first_of(" \t\r\n/") != std::string::npos)
+          errors.push_back(p + ".names: not a server name (got " + quote(n) + ")");
+      check_readable(p + ".cert", e.cert, errors);
+      check_readable(p + ".key", e.key, errors);
+    }
+  }
+  if (c.client_identity_header.empty() || lower(c.client_identity_header) == lower(c.token_header) ||
+      lower(c.client_identity_header) == lower(c.leader_header))
+    errors.push_back("client_identity_header: must differ from token_header and leader_header (got " +
+                     quote(c.client_identity_header) + ")");
+  for (std::size_t i = 0; i < c.routes.size(); ++i) {
+    const Route& r = c.routes[i];
+    const std::string p = "routes[" + std::to_string(i) + "].allowed_clients";
+    if (r.allowed_clients.empty()) continue;
+    if (!c.tls.enabled() || c.tls.client_auth == ClientAuth::none)
+      errors.push_back(p +
+                       ": needs tls with client_auth \"optional\" or \"required\" (without a verified client "
+                       "certificate no request has an identity)");
+    for (std::size_t k = 0; k < r.allowed_clients.size(); ++k) {
+      const std::string& a = r.allowed_clients[k];
+      const auto star = a.find('*');
+      const bool printable = std::all_of(a.begin(), a.end(), [](char ch) {
+        auto u = static_cast<unsigned char>(ch);
+        return u > 0x20 && u < 0x7f;
+      });
+      if (a.empty() || a == "*" || !printable || (star != std::string::npos && star != a.size() - 1))
+        errors.push_back(p + "[" + std::to_string(k) +
+                         "]: an identity is printable ASCII without spaces, with at most a trailing \"*\" after a "
+                         "prefix (got " +
+                         quote(a) + ")");
+    }
+  }
+}
+
 }  // namespace
 
 void validate(Config& c, std::vector<std::string>& errors) {
+  check_tls(c, errors);  // TLS (issue 27)
   // Port 0 is allowed for both listeners: the OS picks a free port and the process logs it.
   if (c.listen.host.empty()) {
     errors.push_back("listen: expected \"host:port\" (got " + quote(c.listen.to_string()) + ")");
@@ -300,6 +363,8 @@ std::vector<std::string> reload_incompatibilities(const Config& current, const C
   check("db", current.db, next.db);
   check("threads", std::to_string(current.threads), std::to_string(next.threads));
   check("admin.listen", current.admin.listen.to_string(), next.admin.listen.to_string());
+  // TLS (issue 27): the data listener's terminator starts with the process (certificates reload).
+  check("tls", current.tls.enabled() ? "on" : "off", next.tls.enabled() ? "on" : "off");
   // Authorities run their own etcd watches, started with the process: which routes have which
   // authority may not change on reload (routes without one may come and go).
   auto authorities = [](const Config& c) {

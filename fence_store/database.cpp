@@ -366,6 +366,10 @@ std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (!has_column(db, "audit", "traceparent"))
     if (auto e = exec(db, "ALTER TABLE audit ADD COLUMN traceparent TEXT NOT NULL DEFAULT ''"); !e.empty())
       return "cannot add the audit log's traceparent column to database " + path + ": " + e;
+  // The same for `client_identity` (TLS, issue 27: the verified client certificate's identity).
+  if (!has_column(db, "audit", "client_identity"))
+    if (auto e = exec(db, "ALTER TABLE audit ADD COLUMN client_identity TEXT NOT NULL DEFAULT ''"); !e.empty())
+      return "cannot add the audit log's client_identity column to database " + path + ": " + e;
   size_wal(db, path);
   return {};
 }

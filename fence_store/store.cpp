@@ -45,11 +45,13 @@ constexpr unsigned kFilterCount = 128;  // every combination of the filters abov
 
 // `traceparent`: whether the audit table has that column (a database no newer fencegate has
 // written to yet does not: its rows read as "").
-std::string audit_query_sql(unsigned mask, bool traceparent) {
+// The same for `client_identity` (TLS, issue 27).
+std::string audit_query_sql(unsigned mask, bool traceparent, bool client_identity) {
   std::string sql =
       "SELECT id, time_ms, resource, decision, presented_generation, current_generation, method, target,"
       " client, leader, mode, user_agent, " +
-      std::string(traceparent ? "traceparent" : "''") + " FROM audit WHERE 1";
+      std::string(traceparent ? "traceparent" : "''") + ", " + (client_identity ? "client_identity" : "''") +
+      " FROM audit WHERE 1";
   if (mask & kResource) sql += " AND resource = :resource";
   if (mask & kDecision) sql += " AND decision = :decision";
   if (mask & kLeader) sql += " AND leader = :leader";
@@ -120,7 +122,10 @@ class Reader {
                     (q.until_ms == 0 ? 0u : kUntil) | (q.before_id == 0 ? 0u : kBefore) |
                     (q.after_id > 0 ? kAfter : 0u);
     sqlite3_stmt*& st = audit_[mask];
-    if (!st && !prepare(audit_query_sql(mask, has_column(db_, "audit", "traceparent")).c_str(), &st, status))
+    if (!st && !prepare(audit_query_sql(mask, has_column(db_, "audit", "traceparent"),
+                                        has_column(db_, "audit", "client_identity"))
+                            .c_str(),
+                        &st, status))
       return out;
     auto idx = [&](const char* name) { return sqlite3_bind_parameter_index(st, name); };
     if (mask & kResource) bind_text(st, idx(":resource"), q.resource);
@@ -149,6 +154,7 @@ class Reader {
       r.row.mode = col_text(st, 10);
       r.row.user_agent = col_text(st, 11);
       r.row.traceparent = col_text(st, 12);
+      r.row.client_identity = col_text(st, 13);
       out.push_back(std::move(r));
     }
     finish(st, rc, status);
@@ -221,8 +227,8 @@ class OwnedStore final : public TestableStore {
          " advanced_at_ms = excluded.advanced_at_ms, advanced_by = excluded.advanced_by"
          " WHERE excluded.generation > resources.generation"),
         ("INSERT INTO audit(time_ms, resource, decision, presented_generation, current_generation, method,"
-         " target, client, leader, mode, user_agent, traceparent)"
-         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
+         " target, client, leader, mode, user_agent, traceparent, client_identity)"
+         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
         // Retention: each runs in autocommit mode, one chunk per transaction. A DELETE that matches
         // nothing writes no WAL frame, so an idle check costs an index probe and no fsync.
         "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)",
@@ -566,6 +572,7 @@ class OwnedStore final : public TestableStore {
         bind_text(st, 10, r.mode);
         bind_text(st, 11, r.user_agent);
         bind_text(st, 12, r.traceparent);
+        bind_text(st, 13, r.client_identity);
       }
       ok = step(st, &err);
       sqlite3_clear_bindings(st);

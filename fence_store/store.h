@@ -52,16 +52,19 @@ struct AuditRow {
   std::string mode;                       // enforce | observe
   std::string user_agent;
   std::string traceparent;                // W3C trace context of the request ("" if none or invalid)
+  std::string client_identity;            // TLS (issue 27): the verified client certificate's identity ("" none)
 };
 
 // Every decision an audit row can record (what the proxy writes; queries filter on these).
-inline constexpr std::array<std::string_view, 13> kAuditDecisions = {
+inline constexpr std::array<std::string_view, 14> kAuditDecisions = {
     "rejected_stale", "rejected_missing", "rejected_malformed", "would_reject_stale", "would_reject_missing",
     "would_reject_malformed",
     // authority-linked fencing (a route with an "authority")
     "rejected_not_leader", "rejected_unknown_generation", "would_reject_not_leader", "would_reject_unknown_generation",
     // a route with "new_resources": "fenced_only"; resource_deleted: DELETE /v1/resources/{id}
-    "rejected_unfenced_resource", "would_reject_unfenced_resource", "resource_deleted"};
+    "rejected_unfenced_resource", "would_reject_unfenced_resource", "resource_deleted",
+    // TLS (issue 27): a route's allowed_clients refused the verified client identity
+    "rejected_client_not_allowed"};
 
 struct AuditQuery {
   std::string resource, decision, leader;  // "" = any

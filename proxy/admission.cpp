@@ -252,6 +252,24 @@ Admission decide_admission(const AdmissionInput& in, Fence& fence) {
   return a;
 }
 
+Admission client_not_allowed(const AdmissionInput& in, std::string_view identity) {
+  Admission a;
+  a.step = AdmissionStep::refuse;
+  a.outcome = Outcome::rejected_client_not_allowed;
+  a.audit = audit_row(in, "rejected_client_not_allowed", 0);
+  a.audit_durable = true;
+  const std::string who = identity.empty() ? std::string("a client without a verified certificate")
+                                           : "client " + std::string(clipped(identity, 256));
+  a.refusal = Problem{403,
+                      "client-not-allowed",
+                      "Client not allowed",
+                      who + " may not use this route (allowed_clients); nothing was forwarded",
+                      *in.resource,
+                      std::nullopt,
+                      std::nullopt};
+  return a;
+}
+
 void audit_failed(Admission& a, const store::Status& st) {
   a.outcome = Outcome::store_error;
   a.step = AdmissionStep::refuse;

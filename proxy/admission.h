@@ -98,6 +98,12 @@ bool may_create_resource(const AdmissionInput& in);
 // The decision. Calls fence.current() (one lock) only on the paths that do not ask the fence.
 Admission decide_admission(const AdmissionInput& in, Fence& fence);
 
+// TLS (issue 27): the refusal of a request on a route whose allowed_clients do not list the
+// verified client identity (`identity`, "" without a client certificate): 403 client-not-allowed
+// and an audit row rejected_client_not_allowed to make durable before answering, in any mode
+// (an authorization, not a fence decision). Made before the fence is asked.
+Admission client_not_allowed(const AdmissionInput& in, std::string_view identity);
+
 // A refusal's audit row could not be made durable: the request fails closed with 503
 // store-unavailable, counted as a store error.
 void audit_failed(Admission& a, const store::Status& st);

@@ -82,6 +82,8 @@ void append_audit_row_json(std::string* out, const store::AuditRecord& rec) {
   json_string(out, r.user_agent);
   *out += ",\"traceparent\":";  // W3C trace context of the request; "" when it had none
   json_string(out, r.traceparent);
+  *out += ",\"client_identity\":";  // TLS (issue 27): the verified client certificate's identity; "" none
+  json_string(out, r.client_identity);
   *out += '}';
 }
 

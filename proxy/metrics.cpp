@@ -23,6 +23,7 @@ std::string_view to_string(Outcome o) {
     case Outcome::authority_unavailable: return "authority_unavailable";
     case Outcome::too_many_resources: return "too_many_resources";
     case Outcome::rejected_unfenced_resource: return "rejected_unfenced_resource";
+    case Outcome::rejected_client_not_allowed: return "rejected_client_not_allowed";
     case Outcome::would_reject_unfenced_resource: return "would_reject_unfenced_resource";
     case Outcome::kCount: break;
   }
@@ -162,6 +163,12 @@ void Metrics::render(std::string& out) const {
   out += "# HELP fencegate_forwarded_dropped_total Client Forwarded values dropped as not RFC 7239 syntax.\n";
   out += "# TYPE fencegate_forwarded_dropped_total counter\n";
   out += "fencegate_forwarded_dropped_total " + std::to_string(forwarded_dropped.load()) + "\n";
+  // TLS (issue 27)
+  out += "# HELP fencegate_tls_handshake_failures_total Failed TLS handshakes on the data listener, by reason.\n";
+  out += "# TYPE fencegate_tls_handshake_failures_total counter\n";
+  for (std::size_t i = 0; i < kTlsFailureReasons.size(); ++i)
+    out += "fencegate_tls_handshake_failures_total{reason=\"" + std::string(kTlsFailureReasons[i]) + "\"} " +
+           std::to_string(tls_handshake_failures[i].load()) + "\n";
 }
 
 }  // namespace fencegate::proxy

@@ -43,6 +43,8 @@ enum class Outcome : int {
   // resource-not-fenced; observe: forwarded, nothing created).
   rejected_unfenced_resource,
   would_reject_unfenced_resource,
+  // TLS (issue 27): 403 client-not-allowed (the route's allowed_clients).
+  rejected_client_not_allowed,
   kCount
 };
 std::string_view to_string(Outcome o);
@@ -84,6 +86,16 @@ class Metrics {
   std::atomic<std::uint64_t> reload_failures{0};
   std::atomic<std::uint64_t> admin_unauthorized{0};  // admin requests refused for a missing or wrong token
   std::atomic<std::uint64_t> forwarded_dropped{0};   // client Forwarded values dropped as not RFC 7239
+  // TLS (issue 27): failed handshakes on the data listener, by reason (kTlsFailureReasons).
+  static constexpr std::array<std::string_view, 8> kTlsFailureReasons = {
+      "timeout",  "plaintext_http", "no_client_certificate", "unknown_ca", "certificate_expired", "certificate_invalid",
+      "protocol", "other"};
+  std::array<std::atomic<std::uint64_t>, kTlsFailureReasons.size()> tls_handshake_failures{};
+  void count_tls_failure(std::string_view reason) {
+    std::size_t i = 0;
+    while (i + 1 < kTlsFailureReasons.size() && kTlsFailureReasons[i] != reason) ++i;
+    tls_handshake_failures[i].fetch_add(1, std::memory_order_relaxed);
+  }
 
   // Renders the counters and histograms held here. Gauges owned elsewhere (generations, queue
   // depth) are appended by the caller.

@@ -470,6 +470,9 @@ void Session::build_upstream_head(const RequestHead& head, const Framing& fr, co
       }
       default:
         if (is_hop_by_hop(f.kind) || named_by_connection(head, f.name)) continue;
+        // TLS (issue 27): only our identity header goes on (nor a "_" spelling CGI reads as it).
+        if (iequals(f.name, cfg().client_identity_header) || underscore_alias(f.name, cfg().client_identity_header))
+          continue;
         append_field(out, f.name, f.value);
     }
   }
@@ -481,6 +484,8 @@ void Session::build_upstream_head(const RequestHead& head, const Framing& fr, co
   // An HTTP/1.0 request may come without Host, but it goes on as HTTP/1.1, which must have one
   // (RFC 9112 3.2): the upstream's own authority, as a client addressing it directly would send.
   if (!head.has(FieldKind::host)) append_field(out, "Host", upstream_authority(route.upstream));
+  // TLS (issue 27): the verified client certificate's identity.
+  if (!client_identity_.empty()) append_field(out, cfg().client_identity_header, client_identity_);
   if (fr.chunked) append(out, std::string_view("Transfer-Encoding: chunked\r\n"));
   else if (fr.content_length) append_field(out, "Content-Length", Decimal(*fr.content_length));
   append(out, std::string_view("\r\n"));

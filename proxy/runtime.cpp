@@ -74,6 +74,9 @@ std::vector<std::string> Runtime::reload() {
     next = make_snapshot(std::make_shared<const config::Config>(std::move(*r.config)), &why);
     if (!next) errors.push_back(why);
   }
+  // TLS (issue 27): new certificates for new connections; open ones keep theirs.
+  if (errors.empty() && reload_tls)
+    if (std::string why = reload_tls(*next->cfg); !why.empty()) errors.push_back(std::move(why));
   if (!errors.empty()) {
     metrics.reload_failures.fetch_add(1);
     std::string all;

@@ -57,6 +57,9 @@ class Runtime {
   Metrics& metrics;
   std::atomic<bool> stopping{false};
   Authorities* authorities = nullptr;  // election authorities of routes; set before traffic
+  // TLS (issue 27): rebuilds the data listener's certificates on reload; returns "" or why not
+  // (the reload then fails and the running certificates stay). Unset without tls. Set before traffic.
+  std::function<std::string(const config::Config&)> reload_tls;
 
   std::shared_ptr<const Snapshot> snapshot() const {
     std::lock_guard lk(mu_);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -21,6 +22,7 @@
 #include "proxy/authority.h"
 #include "proxy/listener.h"
 #include "proxy/session.h"
+#include "proxy/tls_listener.h"
 
 namespace fencegate::proxy {
 
@@ -29,7 +31,9 @@ namespace {
 // Accepts on worker 0 and hands each new descriptor to the next worker, which wraps it in a
 // socket on its own thread: a socket is registered with, and only ever used from, the reactor of
 // the thread that runs it (the workers' io_contexts take no per-socket locks).
-task<void> accept_loop(ServerState& st, Acceptor& acceptor, std::vector<std::unique_ptr<Worker>>& workers) {
+// With `tls` (issue 27) each connection goes to the TLS terminator, which starts its Session.
+task<void> accept_loop(ServerState& st, Acceptor& acceptor, std::vector<std::unique_ptr<Worker>>& workers,
+                       TlsTerminator* tls) {
   std::size_t next = 0;
   boost::system::error_code ec;
   const tcp protocol = acceptor.local_endpoint(ec).protocol();
@@ -57,7 +61,8 @@ task<void> accept_loop(ServerState& st, Acceptor& acceptor, std::vector<std::uni
       st.rt.metrics.open_connections.fetch_add(1, std::memory_order_relaxed);
       Worker& w = *workers[next];
       next = (next + 1) % workers.size();
-      net::post(w.ioc, [&st, &w, fd, protocol] {
+      net::post(w.ioc, [&st, &w, fd, protocol, tls] {
+        if (tls) return tls->serve(w, fd);
         boost::system::error_code aec;
         Socket sock(w.ioc.get_executor());
         sock.assign(protocol, fd, aec);
@@ -164,6 +169,20 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   st.authorities = &authorities;
   rt.authorities = &authorities;
 
+  // TLS on the data listener (issue 27): the context is built before the port serves; a
+  // certificate or key that does not load, or a key that is not the certificate's, exits 2.
+  std::unique_ptr<TlsTerminator> tls;
+  if (cfg->tls.enabled()) {
+    tls = std::make_unique<TlsTerminator>(st);
+    if (!tls->start(*cfg, &err)) {
+      log::error("cannot start TLS", {log::kv("error", err)});
+      std::fprintf(stderr, "fencegate serve: %s\n", err.c_str());
+      authorities.stop();
+      return 2;
+    }
+    rt.reload_tls = [t = tls.get()](const config::Config& c) { return t->reload(c); };
+  }
+
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < std::max(1, cfg->threads); ++i) workers.push_back(std::make_unique<Worker>());
   // SIGINT/SIGTERM are taken over before the port opens: one that arrives as soon as a client
@@ -186,7 +205,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
     return 1;
   }
 
-  net::co_spawn(workers[0]->ioc, accept_loop(st, acceptor, workers), net::detached);
+  net::co_spawn(workers[0]->ioc, accept_loop(st, acceptor, workers, tls.get()), net::detached);
   for (auto& w : workers) w->start_watchdog();
 
   // SIGINT/SIGTERM: readiness turns 503, stop accepting, let requests in flight finish (bounded),

@@ -248,6 +248,7 @@ task<bool> Session::discard(std::uint64_t n) {
 
 task<store::Status> Session::audit_sync(store::AuditRow& row) {
   row.traceparent = traceparent_of(sc_->head);  // the caller's trace, to find the refusal from it
+  row.client_identity = client_identity_;        // TLS (issue 27)
   auto slot = std::make_shared<CrossThreadResult<store::Status>>(w_);
   rt_.store.append_audit(std::move(row),
                          [slot](store::Status st) { CrossThreadResult<store::Status>::fulfil(slot, std::move(st)); });
@@ -311,6 +312,9 @@ task<bool> Session::handle(std::size_t head_len) {
   const config::Route& route = *rq.match.route;
   rq.fenced = route.mode != Mode::off && route.is_fenced(sc_->head.method);
   if (rq.fenced) rq.fence.resource = rq.match.resource;
+  // TLS (issue 27): the route's allowed_clients, before anything touches the fence.
+  if (!route.allowed_clients.empty() && !config::client_allowed(route.allowed_clients, client_identity_))
+    co_return co_await refuse_client(rq);
   if (rq.framing.content_length && *rq.framing.content_length > cfg().max_body_bytes) {
     if (rq.fenced) rq.fence.generation = rt_.fence.current(rq.match.resource);
     sc_->problem = Problem{413, "body-too-large", "Content too large",
@@ -509,6 +513,7 @@ void Session::admitted(RequestState& rq) {
   if (!a.observe.empty()) rq.fence.observe = a.observe;
   if (a.audit) {
     a.audit->traceparent = traceparent_of(sc_->head);
+    a.audit->client_identity = client_identity_;  // TLS (issue 27)
     rt_.store.append_audit(std::move(*a.audit), nullptr);
   }
   note_admission(a, rq);
@@ -560,6 +565,20 @@ task<bool> Session::admit_after_wait(RequestState& rq, Exchange& ex, AdmitNow st
   co_return co_await refuse(rq, a.refusal, rq.fence);
 }
 
+// TLS (issue 27): 403 client-not-allowed, answered once its audit row is durable (else 503).
+task<bool> Session::refuse_client(RequestState& rq) {
+  read_token(sc_->head, cfg(), &rq.token);  // for the audit row
+  Admission a = client_not_allowed(admission_input(rq), client_identity_);
+  if (rq.fenced) rq.fence.generation = rt_.fence.current(rq.match.resource);
+  log::warn("refused request: client identity not in the route's allowed_clients",
+            {log::kv("resource", rq.match.resource), log::kv("client", client_ip_),
+             log::kv("client_identity", client_identity_), log::kv("method", sc_->head.method)});
+  store::Status st = co_await audit_sync(*a.audit);
+  if (!st.ok()) audit_failed(a, st);
+  count(rq.match.resource, *a.outcome);
+  co_return co_await refuse(rq, a.refusal, rq.fence);
+}
+
 // Every rejection (and would-be rejection) is counted and logged with its context.
 void Session::note_admission(const Admission& a, const RequestState& rq) {
   if (!a.outcome) return;
@@ -604,8 +623,9 @@ void Session::note_admission(const Admission& a, const RequestState& rq) {
   log::write(would ? log::Level::info : log::Level::warn, would ? "would reject write" : "rejected write",
              {log::kv("decision", to_string(o)), log::kv("resource", resource), log::kv("presented_generation", g),
               log::kv("current_generation", a.current), log::kv("leader", rq.token.leader),
-              log::kv("client", client_ip_), log::kv("method", sc_->head.method),
-              log::kv("target", sc_->head.target.substr(0, 256)), log::kv("traceparent", traceparent_of(sc_->head))});
+              log::kv("client", client_ip_), log::kv("client_identity", client_identity_),  // TLS (issue 27)
+              log::kv("method", sc_->head.method), log::kv("target", sc_->head.target.substr(0, 256)),
+              log::kv("traceparent", traceparent_of(sc_->head))});
 }
 
 // A request refused before its body was read keeps the connection only if its body is small

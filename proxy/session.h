@@ -104,6 +104,16 @@ class Session {
     rt_.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
   }
 
+  // TLS (issue 27, proxy/tls_listener.cpp): a connection the terminator hands over on a
+  // socketpair. The peer's address and its verified identity come from the terminator in process,
+  // never from bytes on the connection. Call before count_client() and start().
+  void set_tls_peer(std::string ip, std::uint16_t port, bool v6, std::string identity) {
+    client_ip_ = std::move(ip);
+    client_port_ = port;
+    client_v6_ = v6;
+    client_identity_ = std::move(identity);
+  }
+
   // max_connections_per_client: counts this connection against its client address. Returns
   // false (and counts nothing) when the address is at the limit: the caller then drops the
   // session, which closes the connection. Always true while the limit is 0 (off).
@@ -224,6 +234,7 @@ class Session {
   void admitted(RequestState& rq);
   void note_admission(const Admission& a, const RequestState& rq);
   task<bool> refuse(const RequestState& rq, const Problem& p, const FenceHeaders& fence);
+  task<bool> refuse_client(RequestState& rq);  // TLS (issue 27): allowed_clients
   bool body_abandoned(const Framing& fr, std::size_t head_len);
   task<bool> reply(const Problem& p, bool keep_alive, int version, const FenceHeaders& fence);
   task<store::Status> audit_sync(store::AuditRow& row);  // moves from row
@@ -316,6 +327,7 @@ class Session {
   std::string client_ip_;
   std::uint16_t client_port_ = 0;
   bool client_v6_ = false;
+  std::string client_identity_;  // TLS (issue 27): the verified client certificate's identity, or ""
   bool per_client_counted_ = false;  // counted in st_.per_client (max_connections_per_client)
   Clock::time_point deadline_ = Clock::time_point::max();
   bool timed_out_ = false;
