@@ -436,6 +436,15 @@ std::string Endpoint::to_string() const {
   return h + ":" + std::to_string(port);
 }
 
+// Issue 30 (idempotency): the methods a route keys by operation ID.
+bool Route::is_keyed(std::string_view method) const {
+  if (!idempotency || mode == Mode::off) return false;
+  if (idempotency->methods.empty()) return is_fenced(method);
+  for (const auto& m : idempotency->methods)
+    if (m == method) return is_fenced(method);
+  return false;
+}
+
 bool Route::is_fenced(std::string_view method) const {
   if (fence_reads) return true;
   // Case-insensitive on purpose: methods are case-sensitive on the wire, but some upstreams

@@ -88,8 +88,29 @@ std::string migrate_0_to_1(sqlite3* db) {
               "CREATE INDEX audit_time ON audit(time_ms);");
 }
 
+// Issue 30: idempotency keys (docs/idempotency.md).
+std::string migrate_1_to_2(sqlite3* db) {
+  return exec(db,
+              "CREATE TABLE idempotency("
+              "  id INTEGER PRIMARY KEY,"
+              "  resource TEXT NOT NULL,"
+              "  scope TEXT NOT NULL,"
+              "  key TEXT NOT NULL,"
+              "  state INTEGER NOT NULL,"
+              "  fingerprint TEXT NOT NULL,"
+              "  generation INTEGER NOT NULL,"
+              "  status INTEGER NOT NULL,"
+              "  headers TEXT NOT NULL,"
+              "  body BLOB NOT NULL,"
+              "  body_kept INTEGER NOT NULL,"
+              "  created_ms INTEGER NOT NULL,"
+              "  expires_ms INTEGER NOT NULL,"
+              "  UNIQUE(resource, scope, key));"
+              "CREATE INDEX idempotency_expires ON idempotency(expires_ms);");
+}
+
 using Migration = std::string (*)(sqlite3*);
-constexpr std::array<Migration, Store::kSchemaVersion> kMigrations = {migrate_0_to_1};
+constexpr std::array<Migration, Store::kSchemaVersion> kMigrations = {migrate_0_to_1, migrate_1_to_2};
 
 // Brings the schema up to kSchemaVersion, one transaction per step. Returns "" or an operator message.
 std::string migrate(sqlite3* db, const std::string& path) {
