@@ -297,7 +297,7 @@ class OwnedStore final : public TestableStore {
         ("INSERT OR REPLACE INTO idempotency(resource, scope, key, state, fingerprint, generation, status, headers,"
          " body, body_kept, created_ms, expires_ms) VALUES(?1, ?2, ?3, 0, ?4, ?5, 0, '', x'', 1, ?6, ?7)"),
         ("UPDATE idempotency SET state = ?4, status = ?5, headers = ?6, body = ?7, body_kept = ?8"
-         " WHERE resource = ?1 AND scope = ?2 AND key = ?3 AND state = 0"),
+         " WHERE resource = ?1 AND scope = ?2 AND key = ?3 AND state IN (0, 2)"),
         "DELETE FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3",
         ("DELETE FROM idempotency WHERE id IN (SELECT id FROM idempotency WHERE expires_ms <= ?1"
          " ORDER BY expires_ms LIMIT ?2) RETURNING resource")};

@@ -218,8 +218,9 @@ class Store {
     r.status = Status::Error("this store does not keep idempotency keys");
     if (done) done(std::move(r));
   }
-  // Sets the row's state to `rec.state` (completed: with status, headers, body) if it is still in
-  // flight. `done` may be empty.
+  // Sets the row's state to `rec.state` (completed: with status, headers, body) if it is in
+  // flight or unknown (a retry forwarded under "on_unknown": "forward"); a completed row stays as
+  // it is. `done` may be empty.
   virtual void key_settle(KeyRecord rec, Done done) {  // NOLINT(performance-unnecessary-value-param)
     (void)rec;
     if (done) done(Status::Error("this store does not keep idempotency keys"));

@@ -86,6 +86,15 @@ struct Capture {
   std::uint64_t max_body_;
 };
 
+// A keyed write on its way upstream: its key's row and the capture of its answer. Made by
+// Session::idem_gate once the key is recorded in flight; Session::idem_settle (the answer ended)
+// or Session::idem_after (the exchange failed) decides the key's fate, once.
+struct Keyed {
+  explicit Keyed(std::uint64_t max_body) : cap(max_body) {}
+  store::KeyRecord rec;  // resource, scope, key, fingerprint, generation
+  Capture cap;
+};
+
 // The replay of a completed key's response: its status line, its recorded fields, Content-Length,
 // Date, Idempotent-Replayed: true and the fence headers. A response recorded by status only gets
 // a problem+json body that says the original body was not kept.
