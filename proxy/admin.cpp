@@ -23,6 +23,7 @@
 #include "proxy/listener.h"
 #include "proxy/local_reply.h"
 #include "common/log.h"
+#include "proxy/admin_idempotency.h"  // issue 30
 #include "proxy/metrics.h"
 #include "proxy/runtime.h"
 #include "proxy/timefmt.h"
@@ -663,6 +664,14 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
       is_fence = true;
       rest.remove_suffix(6);
     }
+    if (rest.find("/idempotency/") != std::string_view::npos) {  // issue 30: proxy/admin_idempotency.h
+      AdminAnswer a = idempotency_endpoint(rt.store, h.method, rest, q);
+      Reply r;
+      r.status = a.status;
+      r.content_type = std::move(a.content_type);
+      r.body = std::move(a.body);
+      co_return r;
+    }
     if (rest.find('/') != std::string_view::npos)  // a resource name has no '/': no such endpoint
       co_return problem(404, "not-found", "Not found", "no such admin endpoint; see GET /");
     std::string id(rest);
@@ -715,6 +724,7 @@ Reply AdminSession::metrics() {
   std::string out;
   out.reserve(8192);
   rt.metrics.render(out);
+  render_idempotency_keys(out, rt.store.key_counts());  // issue 30
   auto views = rt.fence.snapshot();
   auto stats = rt.fence.stats();
   out += "# HELP fencegate_generation Current durable generation per resource (labelled resources only).\n";

@@ -293,8 +293,9 @@ void Session::idem_settle(idem::Keyed& k) {
   rt_.store.key_settle(std::move(rec), nullptr);
 }
 
-void Session::idem_after(RequestState& rq) {
-  idem::Keyed& k = *rq.idem;
+void Session::idem_after(RequestState& rq) { idem_failed(*rq.idem); }
+
+void Session::idem_failed(idem::Keyed& k) {
   if (k.cap.settled) return;
   k.cap.settled = true;
   const std::string& resource = k.rec.resource;

@@ -766,6 +766,7 @@ bool Session::linger_or_release(Forwarding& fw, const char* why, bool incomplete
 // out or a newer generation's drain aborted it, else 502.
 task<bool> Session::upstream_failed(Forwarding& fw, boost::system::error_code e, const char* stage) {
   Exchange& x = *fw.ex;
+  if (fw.keyed) idem_failed(*fw.keyed);  // issue 30: settled before the client has its answer
   waiting_up_ = nullptr;
   const bool timeout = e == net::error::timed_out && std::string_view(stage) != "connect";
   // The upstream has the request (or part of it, and stopped reading) and has not answered: it
@@ -794,6 +795,7 @@ task<bool> Session::upstream_failed(Forwarding& fw, boost::system::error_code e,
 task<bool> Session::upstream_answer_refused(Forwarding& fw, std::string detail, const char* log_line,
                                             std::string_view log_error) {
   waiting_up_ = nullptr;
+  if (fw.keyed) idem_failed(*fw.keyed);  // issue 30
   fw.ex->release();
   count(fw.resource, Outcome::upstream_error);
   if (log_line) log::warn(log_line, {log::kv("upstream", fw.route.upstream), log::kv("error", log_error)});

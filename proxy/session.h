@@ -273,6 +273,7 @@ class Session {
   task<std::optional<bool>> idem_gate(RequestState& rq, Exchange& ex);
   void idem_settle(idem::Keyed& k);    // the upstream's answer has ended: record, release or unknown
   void idem_after(RequestState& rq);   // after forward(): a key not settled reached upstream or not
+  void idem_failed(idem::Keyed& k);    // the exchange failed: unknown if it reached upstream, else released
   void idem_capture_runs(Forwarding& fw, std::size_t first);  // body runs in sc_->gather from `first`
   task<bool> idem_answer(RequestState& rq, std::string response, std::uint64_t body_bytes);
   task<std::optional<std::uint64_t>> idem_read_body(RequestState& rq, idem::Fingerprint& fp);

@@ -284,4 +284,54 @@ TEST_SUITE("idempotency") {
     CHECK(up.count() == 1);
   }
 
+  TEST_CASE("idempotency: an operator looks an unknown key up and clears it (admin API, fencegate keys, metrics)") {
+    RecordingUpstream up([](const RecordedRequest& r) {
+      return r.index == 0 ? UpstreamAction::reset_connection() : UpstreamAction::respond(200);
+    });
+    json cfg = keyed_config(up.url());
+    const auto admin = free_port();
+    cfg["admin"] = {{"listen", "127.0.0.1:" + std::to_string(admin)}};
+    Proxy px(ProxySpec{.config = cfg});
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    const std::string key = "charge:dave/2026 11";  // '/' and ' ' percent-encoded below
+    const std::string path = "/v1/resources/ledger/idempotency/charge:dave%2F2026%2011";
+    CHECK(request(px.port(), "POST", "/c", keyed(2, key), "x").code() == 502);
+    // The key's fate is queued before the client has its 502; the admin API reads what is
+    // committed, a moment later.
+    ReadResult got;
+    for (int i = 0; i < 100; ++i) {
+      got = request(admin, "GET", path);
+      if (got.code() != 200 || body_json(got)["state"] != "in_flight") break;
+      std::this_thread::sleep_for(50ms);
+    }
+    INFO(describe(got));
+    REQUIRE(got.code() == 200);
+    json j = body_json(got);
+    CHECK(j["key"] == key);
+    CHECK(j["state"] == "unknown");
+    CHECK(j["generation"] == 2);
+    CHECK(j.contains("status"));
+    CHECK(j["created_at"].get<std::string>().ends_with("Z"));
+    CHECK(j["expires_at"].get<std::string>() > j["created_at"].get<std::string>());
+    CHECK(request(admin, "GET", "/v1/resources/ledger/idempotency/nope").code() == 404);
+    auto metrics = request(admin, "GET", "/metrics");
+    CHECK(metrics.response.body.find("fencegate_idempotency_total{resource=\"ledger\",outcome=\"unknown\"} 1") !=
+          std::string::npos);
+    CHECK(metrics.response.body.find("fencegate_idempotency_keys{resource=\"ledger\"} 1") != std::string::npos);
+    auto cli = run_command({kFencegate, "keys", "--db", px.db(), "--json"}, 10s);
+    INFO(cli.out, cli.err);
+    CHECK(cli.code() == 0);
+    CHECK(cli.out.find("\"state\":\"unknown\"") != std::string::npos);
+    CHECK(cli.out.find("charge:dave/2026 11") != std::string::npos);
+    auto one = run_command({kFencegate, "keys", "--db", px.db(), "--resource", "ledger", "--key", "absent"}, 10s);
+    CHECK(one.code() == 3);
+    // Cleared, the retry is forwarded as new.
+    CHECK(request(px.port(), "POST", "/c", keyed(2, key), "x").code() == 409);
+    CHECK(request(admin, "DELETE", path).code() == 200);
+    CHECK(request(admin, "GET", path).code() == 404);
+    CHECK(request(px.port(), "POST", "/c", keyed(2, key), "x").code() == 200);
+    CHECK(up.count() == 2);
+  }
+
 }  // TEST_SUITE
