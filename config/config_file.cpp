@@ -176,7 +176,8 @@ Idempotency parse_idempotency(const json& j, const std::string& path, std::vecto
         const bool token = !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char c) {
           return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("!#$%&'*+-.^_`|~", c);
         });
-        if (!token) errors.push_back(fp + ": must be an HTTP field name such as \"Idempotency-Key\" (got " + got(v) + ")");
+        if (!token)
+          errors.push_back(fp + ": must be an HTTP field name such as \"Idempotency-Key\" (got " + got(v) + ")");
         else d.header = s;
       }
     } else if (key == "required") {
@@ -186,7 +187,8 @@ Idempotency parse_idempotency(const json& j, const std::string& path, std::vecto
       std::chrono::seconds r{0};
       if (get_string(v, fp, s, errors)) {
         if (auto e = parse_duration(s, r); !e.empty()) errors.push_back(fp + ": " + e);
-        else if (r.count() == 0) errors.push_back(fp + ": must be longer than 0: a key must be kept to dedupe (got \"0\")");
+        else if (r.count() == 0)
+          errors.push_back(fp + ": must be longer than 0: a key must be kept to dedupe (got \"0\")");
         else d.retention = r;
       }
     } else if (key == "max_body_bytes") {

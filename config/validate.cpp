@@ -195,7 +195,8 @@ void validate(Config& c, std::vector<std::string>& errors) {
       for (std::size_t m = 0; m < d.methods.size(); ++m) {
         const std::string mp = name + ".idempotency.methods[" + std::to_string(m) + "]";
         if (!is_upper_method(d.methods[m]))
-          errors.push_back(mp + ": must be an upper-case HTTP method such as \"POST\" (got " + quote(d.methods[m]) + ")");
+          errors.push_back(mp + ": must be an upper-case HTTP method such as \"POST\" (got " + quote(d.methods[m]) +
+                           ")");
         else if (!r.is_fenced(d.methods[m]))
           errors.push_back(mp + ": " + quote(d.methods[m]) +
                            " is not fenced on this route (write_methods): keys are looked at only for fenced writes");
@@ -203,8 +204,9 @@ void validate(Config& c, std::vector<std::string>& errors) {
       if (iequals_ascii(d.header, c.token_header) || iequals_ascii(d.header, c.leader_header) ||
           iequals_ascii(d.header, "Content-Length") || iequals_ascii(d.header, "Transfer-Encoding") ||
           iequals_ascii(d.header, "Host"))
-        errors.push_back(name + ".idempotency.header: " + quote(d.header) +
-                         " is a field fencegate reads for another purpose; use another name such as \"Idempotency-Key\"");
+        errors.push_back(
+            name + ".idempotency.header: " + quote(d.header) +
+            " is a field fencegate reads for another purpose; use another name such as \"Idempotency-Key\"");
       if (r.mode == Mode::off)
         errors.push_back(name + ".idempotency: the route's mode is off (nothing is fenced, so nothing is keyed)");
     }

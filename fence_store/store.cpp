@@ -80,7 +80,7 @@ std::string unfenced_query_sql(unsigned mask) {
 int clamp_limit(int limit) { return limit < 1 ? 1 : (limit > 1001 ? 1001 : limit); }
 
 // Issue 30: an idempotency row's columns, in the order read_key_row reads them.
-#define KEY_COLUMNS                                                                                       \
+#define KEY_COLUMNS                                                                                           \
   "resource, scope, key, state, fingerprint, generation, status, headers, body_kept, created_ms, expires_ms," \
   " length(body)"
 
@@ -201,8 +201,9 @@ class Reader {
   // Issue 30: idempotency keys.
   bool key_get(const std::string& resource, const std::string& scope, const std::string& key, KeyRecord* out,
                Status* status) {
-    if (!key_get_ && !prepare("SELECT " KEY_COLUMNS ", body FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3",
-                              &key_get_, status))
+    if (!key_get_ &&
+        !prepare("SELECT " KEY_COLUMNS ", body FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3",
+                 &key_get_, status))
       return false;
     bind_text(key_get_, 1, resource);
     bind_text(key_get_, 2, scope);
@@ -223,11 +224,12 @@ class Reader {
                                   const std::string& after_key, int limit, Status* status) {
     std::vector<KeyRecord> out;
     sqlite3_stmt*& st = resource.empty() ? key_list_any_ : key_list_one_;
-    const char* sql = resource.empty()
-                          ? "SELECT " KEY_COLUMNS " FROM idempotency WHERE (resource, key) > (?2, ?3)"
-                            " ORDER BY resource, key LIMIT ?4"
-                          : "SELECT " KEY_COLUMNS " FROM idempotency WHERE resource = ?1 AND key > ?3"
-                            " ORDER BY resource, key LIMIT ?4";
+    const char* sql = resource.empty() ? "SELECT " KEY_COLUMNS
+                                         " FROM idempotency WHERE (resource, key) > (?2, ?3)"
+                                         " ORDER BY resource, key LIMIT ?4"
+                                       : "SELECT " KEY_COLUMNS
+                                         " FROM idempotency WHERE resource = ?1 AND key > ?3"
+                                         " ORDER BY resource, key LIMIT ?4";
     if (!st && !prepare(sql, &st, status)) return out;
     if (!resource.empty()) bind_text(st, 1, resource);
     bind_text(st, 2, after_resource);
@@ -301,9 +303,9 @@ class OwnedStore final : public TestableStore {
         "DELETE FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3",
         ("DELETE FROM idempotency WHERE id IN (SELECT id FROM idempotency WHERE expires_ms <= ?1"
          " ORDER BY expires_ms LIMIT ?2) RETURNING resource")};
-    sqlite3_stmt** outs[] = {&begin_,       &commit_,      &rollback_,       &upsert_,     &insert_audit_,
-                             &prune_age_,   &prune_oldest_, &count_audit_,   &delete_resource_,
-                             &key_select_,  &key_insert_,  &key_settle_,     &key_delete_, &key_prune_};
+    sqlite3_stmt** outs[] = {&begin_,      &commit_,       &rollback_,    &upsert_,          &insert_audit_,
+                             &prune_age_,  &prune_oldest_, &count_audit_, &delete_resource_, &key_select_,
+                             &key_insert_, &key_settle_,   &key_delete_,  &key_prune_};
     for (std::size_t i = 0; i < std::size(sqls); ++i)
       if (sqlite3_prepare_v3(wdb_, sqls[i], -1, SQLITE_PREPARE_PERSISTENT, outs[i], nullptr) != SQLITE_OK)
         return "cannot prepare statements on database " + path_ + ": " + sqlite3_errmsg(wdb_);
