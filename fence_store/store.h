@@ -226,6 +226,14 @@ class Store {
     (void)rec;
     if (done) done(Status::Error("this store does not keep idempotency keys"));
   }
+  // A completed, unexpired key from the store's memory (no database read, no store thread): the
+  // keys completed or found completed since start, up to a bound. False if not there (it may
+  // still be in the database: key_begin finds it). Thread-safe; for replays on the data path.
+  virtual bool key_cached(const std::string& resource, const std::string& scope, const std::string& key,
+                          KeyRecord* out) {
+    (void)resource, (void)scope, (void)key, (void)out;
+    return false;
+  }
   // Deletes the row (released; or cleared by an operator). `done` may be empty.
   virtual void key_release(std::string resource, std::string scope, std::string key, Done done) {  // NOLINT
     (void)resource, (void)scope, (void)key;

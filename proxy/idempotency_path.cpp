@@ -185,13 +185,20 @@ task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
   rec.generation = rq.token.generation;
   rec.created_ms = unix_ms();
   rec.expires_ms = rec.created_ms + std::chrono::duration_cast<std::chrono::milliseconds>(conf.retention).count();
-  // Recorded in flight (or found) in the store's group commit, before anything goes upstream.
-  auto slot = std::make_shared<CrossThreadResult<store::KeyBeginResult>>(w_);
-  rt_.store.key_begin(rec, conf.max_keys, [slot](store::KeyBeginResult r) {
-    CrossThreadResult<store::KeyBeginResult>::fulfil(slot, std::move(r));
-  });
-  store::KeyBeginResult got = co_await slot->wait();
-  prompt_ = true;
+  // A completed key in the store's memory is answered at once (a replay or a 422: nothing to
+  // record); otherwise the key is recorded in flight (or found) in the store's group commit,
+  // before anything goes upstream.
+  store::KeyBeginResult got;
+  if (rt_.store.key_cached(rec.resource, rec.scope, rec.key, &got.existing)) {
+    got.outcome = store::KeyBegin::exists;
+  } else {
+    auto slot = std::make_shared<CrossThreadResult<store::KeyBeginResult>>(w_);
+    rt_.store.key_begin(rec, conf.max_keys, [slot](store::KeyBeginResult r) {
+      CrossThreadResult<store::KeyBeginResult>::fulfil(slot, std::move(r));
+    });
+    got = co_await slot->wait();
+    prompt_ = true;
+  }
   const std::uint64_t n = *body;
   if (!got.status.ok() || got.outcome == store::KeyBegin::limit) {
     const bool limit = got.status.ok();

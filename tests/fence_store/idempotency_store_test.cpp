@@ -190,3 +190,39 @@ TEST_CASE("idempotency store: a failed commit records nothing and says so") {
   CHECK(count_of(*s, "r") == 0);
   CHECK(begin(*s, rec("r", "k")).outcome == KeyBegin::started);
 }
+
+TEST_CASE("idempotency store: completed keys are answered from memory until released or expired") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  KeyRecord got;
+  REQUIRE(begin(*s, rec("r", "k")).outcome == KeyBegin::started);
+  CHECK_FALSE(s->key_cached("r", "", "k", &got));  // in flight: not cached
+  KeyRecord done = rec("r", "k", 400);
+  done.state = KeyState::completed;
+  done.status = 201;
+  done.body = "b";
+  REQUIRE(settle(*s, done).ok());
+  REQUIRE(s->key_cached("r", "", "k", &got));
+  CHECK(got.status == 201);
+  CHECK(got.body == "b");
+  CHECK(got.fingerprint == "fp-k");
+  REQUIRE(release(*s, "r", "k").ok());
+  CHECK_FALSE(s->key_cached("r", "", "k", &got));
+  // Expired: not answered from memory.
+  REQUIRE(begin(*s, rec("r", "e", 200)).outcome == KeyBegin::started);
+  KeyRecord e = rec("r", "e", 200);
+  e.state = KeyState::completed;
+  e.status = 200;
+  REQUIRE(settle(*s, e).ok());
+  CHECK(s->key_cached("r", "", "e", &got));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK_FALSE(s->key_cached("r", "", "e", &got));
+  // A failed settle caches nothing.
+  REQUIRE(begin(*s, rec("r", "f")).outcome == KeyBegin::started);
+  s->inject_commit_failure(true);
+  KeyRecord f = rec("r", "f");
+  f.state = KeyState::completed;
+  CHECK_FALSE(settle(*s, f).ok());
+  s->inject_commit_failure(false);
+  CHECK_FALSE(s->key_cached("r", "", "f", &got));
+}
