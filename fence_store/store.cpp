@@ -296,7 +296,7 @@ class OwnedStore final : public TestableStore {
         "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)", "SELECT count(*) FROM audit",
         "DELETE FROM resources WHERE resource = ?1",
         // Issue 30: idempotency keys.
-        "SELECT " KEY_COLUMNS ", body FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3",
+        ("SELECT " KEY_COLUMNS ", body FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3"),
         ("INSERT OR REPLACE INTO idempotency(resource, scope, key, state, fingerprint, generation, status, headers,"
          " body, body_kept, created_ms, expires_ms) VALUES(?1, ?2, ?3, 0, ?4, ?5, 0, '', x'', 1, ?6, ?7)"),
         ("UPDATE idempotency SET state = ?4, status = ?5, headers = ?6, body = ?7, body_kept = ?8"

@@ -211,8 +211,8 @@ class Store {
   // (outcome limit). `done` runs on the store thread once the row is durable (or failed). The
   // default refuses (read-only stores, test doubles).
   using KeyDone = std::function<void(KeyBeginResult)>;
-  virtual void key_begin(KeyRecord rec, std::uint64_t max_keys,
-                         KeyDone done) {  // NOLINT(performance-unnecessary-value-param)
+  // NOLINTNEXTLINE(performance-unnecessary-value-param): taken by value, OwnedStore moves it
+  virtual void key_begin(KeyRecord rec, std::uint64_t max_keys, KeyDone done) {
     (void)rec;
     (void)max_keys;
     KeyBeginResult r;

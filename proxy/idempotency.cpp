@@ -27,7 +27,8 @@ bool ows(char c) { return c == ' ' || c == '\t'; }
 
 }  // namespace
 
-std::optional<std::string> parse_key(std::string_view v, std::string* why) {
+std::optional<std::string> parse_key(std::string_view field, std::string* why) {
+  std::string_view v = field;
   auto fail = [&](std::string w) -> std::optional<std::string> {
     if (why) *why = std::move(w);
     return std::nullopt;
