@@ -108,6 +108,33 @@ TEST_SUITE("idempotency") {
     CHECK(up.requests()[0].body == "hello chunked world");
   }
 
+  TEST_CASE("idempotency: a keyed write with Expect: 100-continue gets its 100 before it sends the body") {
+    RecordingUpstream up;
+    Proxy px(ProxySpec{.config = keyed_config(up.url())});
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    for (int round = 0; round < 2; ++round) {
+      CAPTURE(round);
+      HttpClient c;
+      REQUIRE(c.connect(px.port()));
+      REQUIRE(
+          c.send("POST /e HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nIdempotency-Key: \"exp\"\r\n"
+                 "Expect: 100-continue\r\nContent-Length: 5\r\n\r\n"));
+      // The 100 arrives before any body byte is sent (read_response skips it later).
+      CHECK_FALSE(c.stays_silent(5s));
+      CHECK(c.pending().starts_with("HTTP/1.1 100 Continue\r\n"));
+      REQUIRE(c.send("hello"));
+      auto r = c.read_response(5s);
+      INFO(describe(r));
+      CHECK(r.code() == 200);
+      CHECK(r.response.has("Idempotent-Replayed") == (round == 1));
+    }
+    CHECK(up.count() == 1);
+    REQUIRE(up.requests().size() == 1);
+    CHECK(up.requests()[0].body == "hello");
+    CHECK_FALSE(up.requests()[0].has("Expect"));
+  }
+
   TEST_CASE("idempotency: a retry while the first is in flight is 409 with Retry-After") {
     RecordingUpstream up([](const RecordedRequest&) { return UpstreamAction::respond(200, 1500); });
     Proxy px(ProxySpec{.config = keyed_config(up.url())});
