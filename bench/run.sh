@@ -22,12 +22,8 @@ command -v python3 >/dev/null || need+=(python3)
 command -v cc >/dev/null || need+=(gcc libc6-dev)
 command -v perf >/dev/null || need+=(linux-perf)  # system calls per request (optional: the run goes on without)
 if [ ${#need[@]} -gt 0 ]; then
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-  echo "bench: installing ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  echo -n "bench: "
+  "$root/scripts/apt-install.sh" "${need[@]}"
 fi
 
 fencegate="${BENCH_FENCEGATE:-$root/build/fencegate}"

@@ -125,6 +125,8 @@ namespace {
 const NumField kNumFieldRows[] = {
     FG_SIZE_FIELD(threads, 1, 256, "I/O threads; 0 means one per hardware thread"),
     FG_SIZE_FIELD(max_connections, 1, 1'000'000, "concurrent client connections"),
+    FG_SIZE_FIELD(max_connections_per_client, 0, 1'000'000,
+                  "client connections per client address; more are closed at accept; 0: no limit"),
     FG_SIZE_FIELD(max_header_bytes, 1024, 1024 * 1024, "request line + headers; over -> 431"),
     FG_SIZE_FIELD(max_body_bytes, 1, INT64_MAX, "request body; over -> 413"),
     FG_SIZE_FIELD(max_resources, 1, 100'000'000, "distinct fenced resources held in memory"),

@@ -70,6 +70,9 @@ struct Route {
   // generation the route's election authority confirms as leader. Any other write to a resource
   // that has never been fenced is refused (409 resource-not-fenced) and creates nothing.
   bool fenced_only = false;  // "new_resources": "on_write" | "fenced_only"
+  // The most resources this route's writes may create (0: only the global max_resources), so
+  // one capture route cannot use up max_resources for every other route.
+  std::size_t max_resources = 0;
   std::optional<Idempotency> idempotency;  // issue 30: "idempotency" (absent: off)
 
   // Returns true iff `method` (case-sensitive, as on the wire) is fenced on this route.
@@ -94,6 +97,7 @@ struct Config {
   std::size_t max_header_bytes = 16 * 1024;            // request line + headers; over -> 431
   std::uint64_t max_body_bytes = 1ull << 30;            // declared or streamed body; over -> 413
   std::size_t max_connections = 10000;                  // concurrent client connections
+  std::size_t max_connections_per_client = 0;           // per client address; more closed at accept; 0: off
   std::size_t max_resources = 100000;                   // distinct fenced resources held in memory
 
   // Timeouts.

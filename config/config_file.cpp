@@ -259,6 +259,12 @@ Route parse_route(const json& j, const std::string& path, std::vector<std::strin
       }
     } else if (key == "authority") {
       r.authority = parse_authority(v, fp, errors);
+    } else if (key == "max_resources") {
+      if (v.is_number_unsigned() && v.get<std::uint64_t>() <= 100'000'000) {
+        r.max_resources = static_cast<std::size_t>(v.get<std::uint64_t>());
+      } else {
+        errors.push_back(fp + ": must be a whole number from 0 (no route limit) to 100000000 (got " + got(v) + ")");
+      }
     } else if (key == "idempotency") {  // issue 30
       r.idempotency = parse_idempotency(v, fp, errors);
     } else if (key == "new_resources") {

@@ -47,6 +47,13 @@ void read_token(const RequestHead& head, const config::Config& cfg, PresentedTok
 
 namespace {
 
+// A 503 refusal: the fence, the store or the election authority cannot decide now, so the write
+// is refused (fail closed) and nothing is forwarded.
+Problem unavailable(const char* type, const char* title, std::string detail, std::string resource,
+                    std::optional<std::int64_t> presented, std::optional<std::int64_t> current) {
+  return Problem{503, type, title, std::move(detail), std::move(resource), presented, current};
+}
+
 store::AuditRow audit_row(const AdmissionInput& in, std::string decision, std::int64_t current) {
   store::AuditRow row;
   row.resource = *in.resource;
@@ -111,13 +118,8 @@ Admission decide_by_authority(const AdmissionInput& in, bool refuses, std::int64
     a.step = AdmissionStep::refuse;
     a.generation = current;
     a.outcome = Outcome::authority_unavailable;
-    a.refusal = Problem{503,
-                        "authority-unavailable",
-                        "Election authority unavailable",
-                        ac.why + "; nothing was forwarded",
-                        resource,
-                        g,
-                        current};
+    a.refusal = unavailable("authority-unavailable", "Election authority unavailable",
+                            ac.why + "; nothing was forwarded", resource, g, current);
     return a;
   }
   const std::int64_t newest = std::max(current, ac.leader);
@@ -192,13 +194,9 @@ Admission decide_by_fence(const AdmissionInput& in, bool refuses) {
       a.current = d.current;
       if (refuses) {
         a.step = AdmissionStep::refuse;
-        a.refusal = Problem{503,
-                            "store-unavailable",
-                            "Fence store unavailable",
-                            "the new generation could not be made durable; nothing was forwarded",
-                            resource,
-                            g,
-                            d.current};
+        a.refusal =
+            unavailable("store-unavailable", "Fence store unavailable",
+                        "the new generation could not be made durable; nothing was forwarded", resource, g, d.current);
       }
       return a;
     case Verdict::overloaded:
@@ -206,13 +204,9 @@ Admission decide_by_fence(const AdmissionInput& in, bool refuses) {
       a.outcome = Outcome::too_many_resources;
       if (refuses) {
         a.step = AdmissionStep::refuse;
-        a.refusal = Problem{503,
-                            "too-many-resources",
-                            "Too many resources",
-                            "the fence holds its maximum number of resources",
-                            resource,
-                            g,
-                            std::nullopt};
+        a.refusal = unavailable("too-many-resources", "Too many resources",
+                                "the fence holds its maximum number of resources (max_resources, or the route's own)",
+                                resource, g, std::nullopt);
       }
       return a;
     case Verdict::unfenced:
@@ -262,13 +256,9 @@ void audit_failed(Admission& a, const store::Status& st) {
   a.outcome = Outcome::store_error;
   a.step = AdmissionStep::refuse;
   Problem& p = a.refusal;
-  p = Problem{503,
-              "store-unavailable",
-              "Fence store unavailable",
-              "the audit row could not be made durable: " + st.message(),
-              std::move(p.resource),
-              p.presented,
-              p.current};
+  p = unavailable("store-unavailable", "Fence store unavailable",
+                  "the audit row could not be made durable: " + st.message(), std::move(p.resource), p.presented,
+                  p.current);
 }
 
 }  // namespace fencegate::proxy

@@ -18,6 +18,7 @@ struct FenceResource {
     observed_head.prev = observed_head.next = &observed_head;
   }
   const std::string name;
+  std::string route;  // the route it is counted against (RouteQuota); guarded by the fence's map_mu_
 
   // Guarded by mu
   std::mutex mu;
@@ -35,6 +36,9 @@ struct FenceResource {
   bool committing = false;  // a store.advance() is outstanding
   bool drain_armed = false;
   std::chrono::steady_clock::time_point drain_deadline;
+  // A drain that waits for writes forwarded under observe mode aborts them at observe_deadline.
+  bool observe_abort_armed = false;
+  std::chrono::steady_clock::time_point observe_deadline;
   std::chrono::steady_clock::time_point drain_started;  // valid while draining
   bool draining = false;
   // Observe mode: the highest generation forwarded while its advance failed to commit (0: none
@@ -98,13 +102,32 @@ void Fence::set_limits(std::chrono::milliseconds drain_timeout, std::size_t max_
   max_resources_.store(max_resources, std::memory_order_relaxed);
 }
 
-FenceResource* Fence::find_or_create(const std::string& resource) {
+void Fence::set_observe_cap(std::chrono::milliseconds cap) {
+  observe_cap_ms_.store(cap.count(), std::memory_order_relaxed);
+}
+
+FenceResource* Fence::find_or_create(const std::string& resource, const RouteQuota* quota) {
   std::lock_guard lk(map_mu_);
   auto it = resources_.find(resource);
   if (it != resources_.end()) return it->second.get();
   if (resources_.size() >= max_resources_.load(std::memory_order_relaxed)) return nullptr;
+  std::size_t* held = quota ? &per_route_[std::string(quota->route)] : nullptr;
+  if (held && quota->max_resources > 0 && *held >= quota->max_resources) return nullptr;
   auto [ins, _] = resources_.emplace(resource, std::make_unique<FenceResource>(resource));
+  if (held) {
+    ins->second->route = std::string(quota->route);
+    ++*held;
+  }
   return ins->second.get();
+}
+
+void Fence::recount_routes(const std::function<std::string(const std::string&)>& route_of) {
+  std::lock_guard lk(map_mu_);
+  per_route_.clear();
+  for (auto& [name, r] : resources_) {
+    r->route = route_of(name);
+    if (!r->route.empty()) ++per_route_[r->route];
+  }
 }
 
 FenceResource* Fence::find_existing(const std::string& resource) {
@@ -294,14 +317,18 @@ void Fence::proceed(FenceResource* r, After& after) {
     r->draining = true;
     r->drain_started = std::chrono::steady_clock::now();
     r->drain_deadline = r->drain_started + std::chrono::milliseconds(drain_timeout_ms_.load(std::memory_order_relaxed));
+    r->observe_abort_armed = r->observed > 0;
+    r->observe_deadline = r->drain_started + std::chrono::milliseconds(observe_cap_ms_.load(std::memory_order_relaxed));
     {
       std::lock_guard tl(timer_mu_);
       deadlines_.emplace(r->drain_deadline, r);
+      if (r->observe_abort_armed) deadlines_.emplace(r->observe_deadline, r);
     }
     timer_cv_.notify_all();
     return;
   }
   r->drain_armed = false;
+  r->observe_abort_armed = false;
   if (r->draining) {
     r->draining = false;
     after.drained_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - r->drain_started).count();
@@ -395,6 +422,7 @@ void Fence::shutdown() {
       r->inflight = 0;
       r->observed = 0;
       r->drain_armed = false;
+      r->observe_abort_armed = false;
     }
     // `dropped` (and the callbacks' captured state) is destroyed here, outside the lock.
   }
@@ -423,7 +451,7 @@ bool Fence::holds_advance(InflightNode* n) {
   FenceResource* r = n->resource;
   if (!r) return false;
   std::lock_guard lk(r->mu);
-  // (Writes forwarded under observe mode are never aborted by a drain: they keep their cap.)
+  // (Writes forwarded under observe mode are aborted by the observe cap, not by this.)
   return n->resource && !n->observed && r->advancing && n->generation < r->seen;
 }
 
@@ -576,18 +604,31 @@ void Fence::timer_loop() {
       std::lock_guard rl(r->mu);
       if (r->advancing && !r->committing && r->drain_armed && drained(r)) {
         proceed(r, after);  // what was in the way went without a release (a commit made by observe)
-      } else if (r->advancing && !r->committing && r->drain_armed && !drained(r) &&
-                 std::chrono::steady_clock::now() >= r->drain_deadline) {
-        r->drain_armed = false;
-        // Abort every admitted exchange of an older generation; each releases its node once its
-        // socket is closed, and the last release goes on with the advance. Writes forwarded
-        // under observe mode are never aborted (observe mode stops nothing): they are waited
-        // for, as are writes of the generation the advance is for.
-        for (InflightNode* n = r->head.next; n != &r->head; n = n->next) {
-          if (n->aborted || n->generation >= r->seen) continue;
-          n->aborted = true;
-          ++aborted;
-          if (n->abort) n->abort();
+      } else {
+        const auto now = std::chrono::steady_clock::now();
+        if (r->advancing && !r->committing && r->drain_armed && !drained(r) && now >= r->drain_deadline) {
+          r->drain_armed = false;
+          // Abort every admitted exchange of an older generation; each releases its node once
+          // its socket is closed, and the last release goes on with the advance. Writes of the
+          // generation the advance is for are waited for.
+          for (InflightNode* n = r->head.next; n != &r->head; n = n->next) {
+            if (n->aborted || n->generation >= r->seen) continue;
+            n->aborted = true;
+            ++aborted;
+            if (n->abort) n->abort();
+          }
+        }
+        // Writes forwarded under observe mode (from before a switch to enforce) are waited for
+        // up to the observe cap, then aborted the same way: a client trickling its body makes
+        // progress, but cannot hold the switch for longer than upstream_timeout_ms.
+        if (r->advancing && !r->committing && r->observe_abort_armed && r->observed > 0 && now >= r->observe_deadline) {
+          r->observe_abort_armed = false;
+          for (InflightNode* n = r->observed_head.next; n != &r->observed_head; n = n->next) {
+            if (n->aborted) continue;
+            n->aborted = true;
+            ++aborted;
+            if (n->abort) n->abort();
+          }
         }
       }
     }

@@ -14,7 +14,8 @@
 //                                 drain in-flight writes (abort them after drain_timeout), commit
 //                                 g durably, then admit the parked writes of generation g.
 //   Writes forwarded under observe mode that are still in flight (a switch to enforce) are
-//   waited for (never aborted) before any enforce write is admitted, even of the stored one.
+//   waited for before any enforce write is admitted, even of the stored one: up to the observe
+//   cap (upstream_timeout_ms), then aborted, so a switch to enforce waits at most that long.
 // Observe mode never rejects and never drains: it reports what enforce would have decided and
 // still advances the stored generation durably before the write is forwarded.
 //
@@ -104,6 +105,9 @@ class Fence {
   // A config reload: drains started from now on wait up to `drain_timeout`; new resources are
   // made up to `max_resources` (those already held stay, if there are more).
   void set_limits(std::chrono::milliseconds drain_timeout, std::size_t max_resources);
+  // How long a drain waits for writes forwarded under observe mode (a switch to enforce) before
+  // it aborts them: the config's upstream_timeout_ms (set at start and by a reload).
+  void set_observe_cap(std::chrono::milliseconds cap);
 
   // Loads stored generations from the store. Returns false (and *error) if it cannot.
   bool load(std::string* error);
@@ -135,6 +139,19 @@ class Fence {
   FenceResource* find(const std::string& resource, bool may_create = true) {
     return may_create ? find_or_create(resource) : find_existing(resource);
   }
+  // The same, for a write of a route with its own cap: a resource is created only while fewer
+  // than `max_resources` (0: no cap of its own) of the route's resources are held, and is counted
+  // as the route's. `route` names the route (its prefix).
+  struct RouteQuota {
+    std::string_view route;
+    std::size_t max_resources = 0;
+  };
+  FenceResource* find(const std::string& resource, bool may_create, const RouteQuota& quota) {
+    return may_create ? find_or_create(resource, &quota) : find_existing(resource);
+  }
+  // Counts the resources held per route afresh, at start and after a reload (routes may have
+  // changed): `route_of` names the route that owns a resource ("" for none).
+  void recount_routes(const std::function<std::string(const std::string&)>& route_of);
 
   // REQUIRES: node was linked by admit() or track_observed(). Safe to call more than once.
   void release(InflightNode* node);
@@ -146,8 +163,10 @@ class Fence {
   // Observe mode: registers a write about to be forwarded (whatever its token) until release().
   // Nothing waits for it in observe mode; but no enforce write is admitted, and no advance
   // committed, while such a write is still in flight (a switch to enforce): the first enforce
-  // decision waits for them. They are never aborted, not even after the drain timeout (observe
-  // mode stops nothing). No-op for nullptr (a resource over max_resources, untracked).
+  // decision waits for them, up to the observe cap (set_observe_cap), then aborts them: observe
+  // mode stops nothing by itself, but a write that trickles its body cannot hold the switch to
+  // enforce for longer than upstream_timeout_ms. No-op for nullptr (a resource over
+  // max_resources, untracked).
   void track_observed(FenceResource* r, InflightNode* node);
 
   // Observe mode: never rejects and never drains. A higher generation is stored durably before
@@ -194,7 +213,8 @@ class Fence {
   void set_drain_observer(std::function<void(double seconds)> obs) { drain_observer_ = std::move(obs); }
 
  private:
-  FenceResource* find_or_create(const std::string& resource);  // nullptr iff over the cap
+  // nullptr iff over the cap (or over the route's, when a quota is given)
+  FenceResource* find_or_create(const std::string& resource, const RouteQuota* quota = nullptr);
   FenceResource* find_existing(const std::string& resource);   // nullptr iff not held
   struct After;  // work to run once a resource's lock is released
   void start_advance(FenceResource* r, After& after);
@@ -210,11 +230,13 @@ class Fence {
   store::Store& store_;
   // Set at construction and by set_limits (a reload)
   std::atomic<std::chrono::milliseconds::rep> drain_timeout_ms_;
+  std::atomic<std::chrono::milliseconds::rep> observe_cap_ms_{30000};
   std::atomic<std::size_t> max_resources_;
 
   // Guarded by map_mu_
   std::mutex map_mu_;
   std::unordered_map<std::string, std::unique_ptr<FenceResource>> resources_;
+  std::unordered_map<std::string, std::size_t> per_route_;  // resources held per route (guarded by map_mu_)
 
   // Guarded by timer_mu_: drain deadlines
   std::mutex timer_mu_;

@@ -124,6 +124,20 @@ void render_idempotency_keys(std::string& out, const std::vector<std::pair<std::
   }
 }
 
+bool Metrics::totals(std::string_view resource, std::uint64_t* writes, std::uint64_t* refusals) const {
+  std::shared_lock lk(mu_);
+  auto it = resources_.find(resource);
+  if (it == resources_.end()) return false;
+  *writes = *refusals = 0;
+  for (int i = 0; i < static_cast<int>(Outcome::kCount); ++i) {
+    const std::uint64_t v = it->second->by_outcome[i].load(std::memory_order_relaxed);
+    *writes += v;
+    const std::string_view name = to_string(static_cast<Outcome>(i));
+    if (name.starts_with("rejected_") || name.starts_with("would_reject_")) *refusals += v;
+  }
+  return true;
+}
+
 void Metrics::render(std::string& out) const {
   out += "# HELP fencegate_requests_total Requests by resource and fence decision.\n";
   out += "# TYPE fencegate_requests_total counter\n";
@@ -172,6 +186,12 @@ void Metrics::render(std::string& out) const {
   out += "# HELP fencegate_open_connections Open client connections.\n";
   out += "# TYPE fencegate_open_connections gauge\n";
   out += "fencegate_open_connections " + std::to_string(open_connections.load()) + "\n";
+  out +=
+      "# HELP fencegate_connections_refused_per_client_total Client connections closed at accept: their address held "
+      "max_connections_per_client.\n";
+  out += "# TYPE fencegate_connections_refused_per_client_total counter\n";
+  out +=
+      "fencegate_connections_refused_per_client_total " + std::to_string(connections_refused_per_client.load()) + "\n";
   out += "# HELP fencegate_config_reloads_total Config reloads, by result.\n";
   out += "# TYPE fencegate_config_reloads_total counter\n";
   out += "fencegate_config_reloads_total{result=\"ok\"} " + std::to_string(reloads.load()) + "\n";

@@ -84,6 +84,7 @@ class Metrics {
   Histogram upstream_latency{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
   Histogram store_commit{{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1}};
   std::atomic<std::int64_t> open_connections{0};
+  std::atomic<std::uint64_t> connections_refused_per_client{0};  // closed at accept: max_connections_per_client
   std::atomic<std::uint64_t> store_commit_failures{0};
   std::atomic<std::uint64_t> reloads{0};
   std::atomic<std::uint64_t> reload_failures{0};
@@ -100,6 +101,11 @@ class Metrics {
 
   // True iff `resource` has its own label (for rendering per-resource gauges under the cap).
   bool has_label(std::string_view resource) const;
+
+  // The operator's view (GET /v1/resources, the status page): a labelled resource's requests so far,
+  // as `writes` (every request the fence decided on) and `refusals` (refused or would-be refused
+  // by the fence: rejected_* and would_reject_*). False for a resource without a label of its own.
+  bool totals(std::string_view resource, std::uint64_t* writes, std::uint64_t* refusals) const;
 
  private:
   const std::size_t max_labels_;

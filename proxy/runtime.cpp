@@ -84,12 +84,22 @@ std::vector<std::string> Runtime::reload() {
   log::Level lvl;
   if (log::parse_level(next->cfg->log_level, &lvl)) log::set_level(lvl);
   fence.set_limits(next->cfg->drain_timeout, next->cfg->max_resources);
+  fence.set_observe_cap(next->cfg->upstream_timeout);
+  recount_routes(fence, *next);
   store.set_retention(static_cast<std::int64_t>(next->cfg->audit.max_age.count()) * 1000, next->cfg->audit.max_rows);
   install(next);
   metrics.reloads.fetch_add(1);
   log::info("config reloaded",
             {log::kv("routes", next->cfg->routes.size()), log::kv("config", next->cfg->config_file)});
   return {};
+}
+
+void recount_routes(Fence& fence, const Snapshot& snap) {
+  fence.recount_routes([&snap](const std::string& resource) {
+    bool off = false;
+    const config::Route* r = snap.router.owner_of(resource, &off);
+    return r ? r->prefix : std::string();
+  });
 }
 
 }  // namespace fencegate::proxy

@@ -41,6 +41,10 @@ struct Snapshot {
   std::size_t route_index(const config::Route* r) const { return static_cast<std::size_t>(r - cfg->routes.data()); }
 };
 
+// Counts the fence's resources per route under `snap`'s routes (a route's max_resources): at
+// start and after each reload.
+void recount_routes(Fence& fence, const Snapshot& snap);
+
 // Resolves every route's upstream; returns nullptr and sets *error if one cannot be resolved.
 std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const config::Config> cfg, std::string* error);
 

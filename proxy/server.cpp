@@ -67,7 +67,13 @@ task<void> accept_loop(ServerState& st, Acceptor& acceptor, std::vector<std::uni
           st.rt.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
           return;
         }
-        Session::start(std::make_unique<Session>(st, w, std::move(sock)), false);
+        auto s = std::make_unique<Session>(st, w, std::move(sock));
+        if (!s->count_client()) {
+          // Over max_connections_per_client: dropping the session closes the connection.
+          st.rt.metrics.connections_refused_per_client.fetch_add(1, std::memory_order_relaxed);
+          return;
+        }
+        Session::start(std::move(s), false);
       });
       // Let this worker's other handlers run between accepts: a burst of connects must not
       // starve the sessions (nor keep a just-closed one counted against max_connections).
@@ -133,6 +139,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   }
   store->set_retention(static_cast<std::int64_t>(cfg->audit.max_age.count()) * 1000, cfg->audit.max_rows);
   auto fence = std::make_unique<Fence>(*store, cfg->drain_timeout, cfg->max_resources);
+  fence->set_observe_cap(cfg->upstream_timeout);
   if (!fence->load(&err)) {
     log::error("cannot load generations", {log::kv("db", cfg->db), log::kv("error", err)});
     return 1;
@@ -140,6 +147,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   Metrics metrics;
   Runtime rt(*store, *fence, metrics);
   rt.install(snap);
+  recount_routes(*fence, *snap);
   // Election authorities (authority-linked fencing): started before traffic, stopped before the
   // store and the fence go away. Until one has reached etcd its routes' writes get 503.
   Authorities authorities(rt);

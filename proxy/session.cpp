@@ -8,6 +8,7 @@
 #include <sys/ioctl.h>
 
 #include "proxy/authority.h"
+#include "proxy/traceparent.h"
 
 namespace fencegate::proxy {
 
@@ -246,6 +247,7 @@ task<bool> Session::discard(std::uint64_t n) {
 }
 
 task<store::Status> Session::audit_sync(store::AuditRow& row) {
+  row.traceparent = traceparent_of(sc_->head);  // the caller's trace, to find the refusal from it
   auto slot = std::make_shared<CrossThreadResult<store::Status>>(w_);
   rt_.store.append_audit(std::move(row),
                          [slot](store::Status st) { CrossThreadResult<store::Status>::fulfil(slot, std::move(st)); });
@@ -452,8 +454,10 @@ void Session::route_request(RequestState& rq) {
 // (a fenced_only route): a resource not held is not made (nullptr), so a write that is then refused
 // takes no room in the fence.
 FenceResource* Session::fence_resource(const RequestState& rq, bool may_create) {
-  return w_.last_fence.get(rq.match.resource,
-                           [this, may_create](const std::string& r) { return rt_.fence.find(r, may_create); });
+  return w_.last_fence.get(rq.match.resource, [this, may_create, &rq](const std::string& r) {
+    const config::Route& route = *rq.match.route;
+    return rt_.fence.find(r, may_create, Fence::RouteQuota{route.prefix, route.max_resources});
+  });
 }
 
 AdmissionInput Session::admission_input(const RequestState& rq) const {
@@ -510,7 +514,10 @@ void Session::admitted(RequestState& rq) {
   Admission& a = rq.admission;
   rq.fence.generation = a.generation;
   if (!a.observe.empty()) rq.fence.observe = a.observe;
-  if (a.audit) rt_.store.append_audit(std::move(*a.audit), nullptr);
+  if (a.audit) {
+    a.audit->traceparent = traceparent_of(sc_->head);
+    rt_.store.append_audit(std::move(*a.audit), nullptr);
+  }
   note_admission(a, rq);
 }
 
@@ -605,7 +612,7 @@ void Session::note_admission(const Admission& a, const RequestState& rq) {
              {log::kv("decision", to_string(o)), log::kv("resource", resource), log::kv("presented_generation", g),
               log::kv("current_generation", a.current), log::kv("leader", rq.token.leader),
               log::kv("client", client_ip_), log::kv("method", sc_->head.method),
-              log::kv("target", sc_->head.target.substr(0, 256))});
+              log::kv("target", sc_->head.target.substr(0, 256)), log::kv("traceparent", traceparent_of(sc_->head))});
 }
 
 // A request refused before its body was read keeps the connection only if its body is small
@@ -651,6 +658,26 @@ void Session::arm_abort(Exchange& x) {
       }
     });
   };
+}
+
+bool Session::count_client() {
+  const std::size_t limit = rt_.snapshot()->cfg->max_connections_per_client;
+  if (limit == 0) return true;
+  std::lock_guard lk(st_.per_client_mu);
+  std::size_t& n = st_.per_client[client_ip_];
+  if (n >= limit) {
+    if (n == 0) st_.per_client.erase(client_ip_);
+    return false;
+  }
+  ++n;
+  per_client_counted_ = true;
+  return true;
+}
+
+void Session::uncount_client() {
+  std::lock_guard lk(st_.per_client_mu);
+  auto it = st_.per_client.find(client_ip_);
+  if (it != st_.per_client.end() && --it->second == 0) st_.per_client.erase(it);
 }
 
 }  // namespace fencegate::proxy

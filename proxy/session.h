@@ -100,9 +100,16 @@ class Session {
     if (prev_) prev_->next_ = next_;
     else w_.sessions = next_;
     if (next_) next_->prev_ = prev_;
+    if (per_client_counted_) uncount_client();
     st_.connections.fetch_sub(1, std::memory_order_relaxed);
     rt_.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
   }
+
+  // max_connections_per_client: counts this connection against its client address. Returns
+  // false (and counts nothing) when the address is at the limit: the caller then drops the
+  // session, which closes the connection. Always true while the limit is 0 (off).
+  bool count_client();
+  void uncount_client();
 
   // Runs the connection's loop. When the connection goes idle it parks: the coroutine ends, the
   // descriptor moves from the Asio socket to the worker's epoll set of parked connections, and
@@ -323,6 +330,7 @@ class Session {
   std::string client_ip_;
   std::uint16_t client_port_ = 0;
   bool client_v6_ = false;
+  bool per_client_counted_ = false;  // counted in st_.per_client (max_connections_per_client)
   Clock::time_point deadline_ = Clock::time_point::max();
   bool timed_out_ = false;
   Clock::time_point cold_at_ = Clock::time_point::max();  // a hot idle read gives up its buffer then

@@ -40,6 +40,10 @@ struct ServerState {
   Authorities* authorities = nullptr;  // routes' election authorities (constant after start)
   std::atomic<std::size_t> connections{0};
   std::atomic<std::size_t> active_requests{0};
+  // max_connections_per_client (0: off): the connections of each client address, counted while
+  // the limit is on (a connection accepted while it was off is not counted).
+  std::mutex per_client_mu;
+  std::unordered_map<std::string, std::size_t> per_client;  // guarded by per_client_mu
 };
 
 class Session;
@@ -144,10 +148,6 @@ struct Worker {
   // The idle pool of an upstream.
   Pool& pool(const std::string& upstream) {
     return *last_pool.get(upstream, [this](const std::string& u) { return &idle[u]; });
-  }
-  // The fence state of a resource (the Fence keeps it for its life; nullptr: over the cap).
-  FenceResource* fence_resource(Fence& f, const std::string& resource) {
-    return last_fence.get(resource, [&f](const std::string& r) { return f.find(r); });
   }
   // The metrics counters of a resource (Metrics keeps them for the process's life).
   ResourceCounters* counters(Metrics& m, const std::string& resource) {

@@ -15,6 +15,7 @@ packages=(
   redis-server libhiredis-dev          # the Redis token source and its tests' server
   prometheus                           # promtool and a real Prometheus for the alert tests
   chromium chromium-driver python3-selenium  # the status page, tested in a real browser
+  python3-yaml                         # the monitoring test reads the alert rules
 )
 
 missing=()
@@ -27,10 +28,6 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo -n "setup: "
+"$(dirname "$0")/apt-install.sh" "${missing[@]}"
 echo "setup: done"

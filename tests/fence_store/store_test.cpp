@@ -107,13 +107,34 @@ AuditRow row(std::string resource, std::string decision, std::string leader = ""
 
 // AuditQuery builder (designated initializers that skip members warn under -Wextra).
 struct Q : AuditQuery {
-  Q& res(std::string v) { resource = std::move(v); return *this; }
-  Q& dec(std::string v) { decision = std::move(v); return *this; }
-  Q& lead(std::string v) { leader = std::move(v); return *this; }
-  Q& since(std::int64_t v) { since_ms = v; return *this; }
-  Q& until(std::int64_t v) { until_ms = v; return *this; }
-  Q& lim(int v) { limit = v; return *this; }
-  Q& after(std::int64_t v) { after_id = v; return *this; }
+  Q& res(std::string v) {
+    resource = std::move(v);
+    return *this;
+  }
+  Q& dec(std::string v) {
+    decision = std::move(v);
+    return *this;
+  }
+  Q& lead(std::string v) {
+    leader = std::move(v);
+    return *this;
+  }
+  Q& since(std::int64_t v) {
+    since_ms = v;
+    return *this;
+  }
+  Q& until(std::int64_t v) {
+    until_ms = v;
+    return *this;
+  }
+  Q& lim(int v) {
+    limit = v;
+    return *this;
+  }
+  Q& after(std::int64_t v) {
+    after_id = v;
+    return *this;
+  }
 };
 
 std::int64_t wall_ms() {
@@ -235,8 +256,7 @@ TEST_CASE("one owner at a time; read-only readers work while it runs") {
 
   std::string err;
   CHECK(Store::open(t.db(), &err) == nullptr);
-  CHECK(err == "database " + t.db() + " is already owned by another fencegate (lock file " + t.db() +
-                   ".lock is held)");
+  CHECK(err == "database " + t.db() + " is already owned by another fencegate (lock file " + t.db() + ".lock is held)");
   // The lock file deleted under a running owner (a cleanup script): the database file itself is
   // locked as well, so a second owner is still refused.
   REQUIRE(fs::remove(t.db() + ".lock"));
@@ -362,6 +382,29 @@ TEST_CASE("the database, its -wal, -shm and lock file are created 0600 whatever 
   }
 }
 
+TEST_CASE("a database an older release left readable by others is tightened to 0600 when opened") {
+  TempDir t;
+  {
+    const mode_t old = ::umask(0);
+    auto s = must_open(t.db());
+    ::umask(old);
+    REQUIRE(advance_sync(*s, "r", 1, "L").ok());
+    // As an older release left them: the database, its lock file and (still open) -wal and -shm
+    for (const char* suffix : {"", "-wal", "-shm", ".lock"}) ::chmod((t.db() + suffix).c_str(), 0644);
+  }
+  for (const char* suffix : {"-wal", "-shm"}) {  // left by a crash: empty, as after a checkpoint
+    const std::string p = t.db() + suffix;
+    if (!std::filesystem::exists(p)) ::close(::open(p.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+    ::chmod(p.c_str(), 0644);
+  }
+  auto s = must_open(t.db());
+  REQUIRE(s->load_all().at(0).generation == 1);
+  for (const char* suffix : {"", "-wal", "-shm", ".lock"}) {
+    if (!std::filesystem::exists(t.db() + suffix)) continue;
+    CHECK_MESSAGE(mode_of(t.db() + suffix) == 0600, suffix);
+  }
+}
+
 TEST_CASE("another user can open none of the store's files (and so cannot flock them)") {
   if (::geteuid() != 0) {
     MESSAGE("skipped: needs root to run a child as another user");
@@ -385,7 +428,8 @@ TEST_CASE("another user can open none of the store's files (and so cannot flock 
     ::waitpid(pid, &status, 0);
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   };
-  for (const char* suffix : {"", "-wal", "-shm", ".lock"}) CHECK_MESSAGE(opened_by_nobody(t.db() + suffix) == 0, suffix);
+  for (const char* suffix : {"", "-wal", "-shm", ".lock"})
+    CHECK_MESSAGE(opened_by_nobody(t.db() + suffix) == 0, suffix);
   s.reset();  // a stopped sidecar: its lock file stays, for anyone who could open and flock it
   CHECK(opened_by_nobody(t.db() + ".lock") == 0);
   CHECK(must_open(t.db()) != nullptr);
@@ -417,8 +461,8 @@ TEST_CASE("a database in a directory others may write to, or owned by another us
   ::chmod(t.dir.c_str(), 0777);
   std::string err;
   CHECK(Store::open(t.db(), &err) == nullptr);
-  CHECK(err.rfind("database " + t.db() + ": its directory " + t.dir + " has mode 0777: other users may write to it", 0) ==
-        0);
+  CHECK(err.rfind("database " + t.db() + ": its directory " + t.dir + " has mode 0777: other users may write to it",
+                  0) == 0);
   CHECK_FALSE(fs::exists(t.db()));
   CHECK_FALSE(fs::exists(t.db() + ".lock"));
   ::chmod(t.dir.c_str(), 01777);  // sticky, as /tmp: allowed
@@ -532,7 +576,8 @@ TEST_CASE("fire-and-forget rows of failed batches are retried while idle, and wr
     CHECK(s->queue_depth() == 3);  // still waiting
     s->inject_commit_failure(false);
     // Nothing else is queued: the idle retry (every 500 ms) writes them.
-    for (int i = 0; i < 300 && all_audit(*s).size() < 3; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (int i = 0; i < 300 && all_audit(*s).size() < 3; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     CHECK(all_audit(*s).size() == 3);
     CHECK(s->queue_depth() == 0);
 
@@ -905,8 +950,8 @@ TEST_CASE("retention: a big prune runs in chunks and a queued advance does not w
   REQUIRE(advance_sync(*s, "fast", 1, "L").ok());
   const auto waited = std::chrono::steady_clock::now() - t0;
   const auto [lo1, hi1] = id_span(*s);
-  MESSAGE("advance during prune took " << std::chrono::duration<double, std::milli>(waited).count()
-                                       << " ms; " << (hi1 - lo1 + 1) << " rows left then");
+  MESSAGE("advance during prune took " << std::chrono::duration<double, std::milli>(waited).count() << " ms; "
+                                       << (hi1 - lo1 + 1) << " rows left then");
   CHECK(hi1 - lo1 + 1 > 10);  // the prune was not finished: the advance went between chunks
   CHECK(hi1 - lo1 + 1 < kRows);
   REQUIRE(eventually([&] { return id_span(*s).first == hi - 9; }, std::chrono::seconds(60)));

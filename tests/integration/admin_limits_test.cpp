@@ -231,3 +231,77 @@ TEST_CASE("admin limits: refused requests are counted and logged at most once pe
     ++lines;
   CHECK(lines == 1);
 }
+
+// Hardening: the data listener's optional max_connections_per_client (default 0: no limit).
+TEST_CASE("connection limits: max_connections_per_client closes a client's extra data connections at accept") {
+  RecordingUpstream up;
+  json c = fence_config(up);
+  c["max_connections_per_client"] = 2;
+  Proxy px(spec_of(c));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  FG_ADMIN_PORT(admin, px);
+  HttpClient one, two, three;
+  REQUIRE(one.connect(px.port()));
+  REQUIRE(two.connect(px.port()));
+  CHECK(is_2xx(one.request("GET", "/a")));
+  CHECK(is_2xx(two.request("GET", "/b")));
+  REQUIRE(three.connect(px.port()));  // the kernel completes the handshake; fencegate closes it
+  CHECK(three.wait_closed(5s));
+  // Another client address is not affected by this one's connections.
+  int other = connect_from("127.0.0.2", px.port());
+  REQUIRE(other >= 0);
+  const std::string get = build_request("GET", "/c");
+  REQUIRE(::send(other, get.data(), get.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(get.size()));
+  char buf[16] = {};
+  pollfd p{other, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 5000) == 1);
+  CHECK(::recv(other, buf, sizeof buf - 1, 0) > 0);
+  CHECK(std::string(buf).rfind("HTTP/1.1 200", 0) == 0);
+  ::close(other);
+  // The two still work; once one closes, the address may connect again.
+  CHECK(is_2xx(one.request("GET", "/d")));
+  two.close();
+  bool again = eventually(
+      [&] {
+        HttpClient next;
+        return next.connect(px.port()) && is_2xx(next.request("GET", "/e", {}, {}, 2s));
+      },
+      10s);
+  CHECK(again);
+  auto ss = parse_prometheus(metrics_text(admin));
+  CHECK(sample(ss, "fencegate_connections_refused_per_client_total") >= std::optional<double>(1));
+}
+
+// Hardening: the data listener bounds each write to a client by body_timeout_ms (no progress ->
+// closed), so a client that pipelines requests and never reads its answers is cut, not kept.
+TEST_CASE("connection limits: a data client that pipelines requests and never reads is cut at body_timeout_ms") {
+  RecordingUpstream up([](const RecordedRequest&) {
+    UpstreamAction a = UpstreamAction::respond();
+    a.body = std::string(16 * 1024, 'b');  // 4,000 answers: far more than any socket buffers hold
+    return a;
+  });
+  json c = fence_config(up);
+  c["body_timeout_ms"] = 1000;
+  Proxy px(spec_of(c));
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  int fd = connect_from("127.0.0.1", px.port());
+  REQUIRE(fd >= 0);
+  int small = 4096;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+  timeval send_limit{3, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof send_limit);
+  std::string many;
+  for (int i = 0; i < 4000; ++i) many += "GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  std::size_t sent = 0;
+  while (sent < many.size()) {
+    ssize_t n = ::send(fd, many.data() + sent, many.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<std::size_t>(n);
+  }
+  INFO("sent ", sent, " of ", many.size(), " bytes");
+  CHECK(reset_within(fd, 30000ms));  // reading nothing (see the admin case above)
+  ::close(fd);
+  CHECK(is_2xx(request(px.port(), "GET", "/after")));
+}

@@ -198,16 +198,14 @@ using fencegate::testing::must_open;
 // Fence that is about to be destroyed.
 void quiesce(Store& s) {
   auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (s.queue_depth() != 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(1ms);
+  while (s.queue_depth() != 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
   REQUIRE(s.queue_depth() == 0);
 }
 
 // The fence counts drain aborts just after its abort pass; wait (bounded) until it has.
 std::uint64_t wait_for_drain_aborts(Fence& f, std::uint64_t n) {
   auto deadline = std::chrono::steady_clock::now() + 2s;
-  while (f.stats().drain_aborts < n && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(1ms);
+  while (f.stats().drain_aborts < n && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
   return f.stats().drain_aborts;
 }
 
@@ -832,7 +830,7 @@ TEST_CASE("fence: writes forwarded under observe are drained by the first enforc
   CHECK(f.stats().drain_aborts == 0);
 }
 
-TEST_CASE("fence: writes forwarded under observe are waited for, never aborted by the drain timeout") {
+TEST_CASE("fence: writes forwarded under observe are waited for past the drain timeout") {
   ManualStore s;
   Fence f(s, 100ms, kManyResources);
   establish(f, s, "r", 5);
@@ -861,6 +859,31 @@ TEST_CASE("fence: writes forwarded under observe are waited for, never aborted b
   CHECK(l.get().verdict == Verdict::admit);
   CHECK(s.pending() == 0);
   f.release(&e5b);
+}
+
+// Finding 2 of the hardening review: an observe write whose client trickles its body makes
+// progress, so no timeout of its own ends it; the switch to enforce waits for it only up to the
+// observe cap (upstream_timeout_ms), then aborts it like an older write after a drain timeout.
+TEST_CASE("fence: writes forwarded under observe are aborted once a drain has waited the observe cap") {
+  ManualStore s;
+  Fence f(s, 10s, kManyResources);
+  f.set_observe_cap(300ms);
+  establish(f, s, "r", 5);
+  std::atomic<int> obs_aborts{0};
+  InflightNode obs;
+  obs.abort = [&] { obs_aborts.fetch_add(1); };
+  f.track_observed(f.find("r"), &obs);
+  CHECK(obs_aborts.load() == 0);  // nothing waits for it yet: no cap runs
+  InflightNode e5;
+  Later l = admit_later(f, "r", 5, &e5);  // the first enforce write after a switch waits for it
+  CHECK(wait_for_drain_aborts(f, 1) == 1);
+  CHECK(obs.aborted);
+  CHECK(obs_aborts.load() == 1);
+  CHECK_FALSE(l.called());  // aborted is not yet ended: its exchange releases it
+  f.release(&obs);
+  CHECK(l.get().verdict == Verdict::admit);
+  CHECK(s.pending() == 0);
+  f.release(&e5);
 }
 
 // A switch from enforce to observe while an advance waits for an older write: observe mode may
@@ -1138,11 +1161,9 @@ TEST_CASE("fence: concurrent random writers never overlap generations (real stor
       log.generations.insert(g);
       for (const auto& [other, n] : log.inflight)
         if (n > 0 && other != g)
-          log.violations.push_back("admitted " + std::to_string(g) + " while " + std::to_string(other) +
-                                   " in flight");
+          log.violations.push_back("admitted " + std::to_string(g) + " while " + std::to_string(other) + " in flight");
       if (g < log.last_admitted)
-        log.violations.push_back("admitted " + std::to_string(g) + " after " +
-                                 std::to_string(log.last_admitted));
+        log.violations.push_back("admitted " + std::to_string(g) + " after " + std::to_string(log.last_admitted));
       log.last_admitted = std::max(log.last_admitted, g);
       ++log.inflight[g];
     };
@@ -1179,8 +1200,7 @@ TEST_CASE("fence: concurrent random writers never overlap generations (real stor
           if (d.verdict == Verdict::admit) {
             if (d.current != g) {
               std::lock_guard lk(log.mu);
-              log.violations.push_back("admitted " + std::to_string(g) + " with current " +
-                                       std::to_string(d.current));
+              log.violations.push_back("admitted " + std::to_string(g) + " with current " + std::to_string(d.current));
             }
             on_admit(g);
             std::this_thread::sleep_for(std::chrono::microseconds(rng() % 400));
@@ -1191,8 +1211,7 @@ TEST_CASE("fence: concurrent random writers never overlap generations (real stor
             if (d.verdict == Verdict::stale) {
               ++log.stale;
               if (!(g < d.newest))
-                log.violations.push_back("stale " + std::to_string(g) + " with newest " +
-                                         std::to_string(d.newest));
+                log.violations.push_back("stale " + std::to_string(g) + " with newest " + std::to_string(d.newest));
             } else {
               ++log.errors;
             }
