@@ -262,7 +262,7 @@ class Store {
   // Expired keys are deleted in the background by the store thread in chunks of this many rows.
   static constexpr int kKeyPruneChunkRows = 500;
 
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 1;
 };
 
 }  // namespace fencegate::store

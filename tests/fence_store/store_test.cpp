@@ -487,7 +487,7 @@ TEST_CASE("a database with a newer schema version is refused") {
   std::string err;
   CHECK(Store::open(t.db(), &err) == nullptr);
   CHECK(err == "database " + t.db() +
-                   " has schema version 7, newer than this fencegate supports (2); upgrade fencegate or "
+                   " has schema version 7, newer than this fencegate supports (1); upgrade fencegate or "
                    "point it at another database");
   CHECK(Store::open(t.db(), &err) == nullptr);  // the failed open released the lock
   CHECK(err.find("schema version 7") != std::string::npos);
