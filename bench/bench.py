@@ -6,6 +6,7 @@ needed); see bench/README.md for what is measured and how. Standard library only
 """
 import argparse
 import datetime
+import http.client as http_client  # issue 30: one keyed request with its own header
 import json
 import os
 import platform
@@ -262,6 +263,18 @@ function done(summary, latency, requests)
 end
 """
 
+# Issue 30: a keyed POST. `unique`: a new Idempotency-Key per request (each needs a durable
+# write); otherwise one key for all (after the first, every request is a replay).
+WRK_KEYED_LUA = WRK_LUA + r"""
+local n = 0
+local prefix = tostring(math.random(1, 1000000000))
+function request()
+  n = n + 1
+  wrk.headers["Idempotency-Key"] = %(unique)s and ('"k-' .. prefix .. '-' .. n .. '"') or '"replayed-key"'
+  return wrk.format()
+end
+"""
+
 
 class Bench:
     def __init__(self, args):
@@ -282,7 +295,7 @@ class Bench:
         self.pin = env_int("BENCH_PIN", 1) != 0 and len(allowed) >= 2
         self.load_cpu = allowed[0] if self.pin else None
         self.target_cpu = allowed[1] if self.pin else None
-        self.res = {"throughput": {}, "advance": None, "memory": {}, "upload": None, "checks": []}
+        self.res = {"throughput": {}, "advance": None, "memory": {}, "upload": None, "checks": [], "idempotency": {}}
         self.tmp = tempfile.mkdtemp(prefix="fencegate-bench.", dir=os.environ.get("BENCH_TMPDIR") or None)
         self.procs = Procs(self.tmp)
 
@@ -706,6 +719,48 @@ backend be
                               "hwm_before_mib": base / 1024, "hwm_mib": hwm / 1024}
         self.procs.stop(p)
 
+    def idempotency(self):
+        """Issue 30: unkeyed fenced POSTs, keyed POSTs with unique keys (a durable write each,
+        amortised by group commit) and replays of one key, through one fencegate with
+        "idempotency": {} on its route, in the same run; medians of BENCH_REPS runs."""
+        port, p, _ = self.start_fencegate("fencegate-idempotency", routes=[{"prefix": "/", "resource": "bench",
+                                                                             "idempotency": {}}])
+        st, _ = http(port, "POST", "/bench", token=TOKEN)
+        self.check(f"idempotency: POST with token {TOKEN} -> 200 (got {st})", st == 200)
+        luas = {"unkeyed": self.lua}
+        for name, unique in (("keyed-unique", "true"), ("replay", "false")):
+            path = os.path.join(self.tmp, f"{name}.lua")
+            with open(path, "w") as f:
+                f.write(WRK_KEYED_LUA % {"body": self.body, "token": TOKEN, "unique": unique})
+            luas[name] = path
+        # The replayed key is recorded first: otherwise the first batch of concurrent requests
+        # would find it in flight (409), as it should.
+        c = http_client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("POST", "/bench", body=b"x" * self.body,
+                  headers={"Fencing-Token": TOKEN, "Idempotency-Key": '"replayed-key"',
+                           "Content-Type": "application/octet-stream"})
+        st = c.getresponse().status
+        c.close()
+        self.check(f"idempotency: the replayed key is recorded (got {st})", st == 200)
+        runs = {name: [] for name in luas}
+        default_lua = self.lua
+        try:
+            for rep in range(self.reps):
+                for name, lua in luas.items():
+                    self.lua = lua
+                    log(f"idempotency: {name} run {rep + 1}/{self.reps}")
+                    runs[name].append(self.wrk(port, self.duration, name=f"wrk-idem-{name}"))
+        finally:
+            self.lua = default_lua
+        med = lambda xs: sorted(xs)[len(xs) // 2]
+        for name, rs in runs.items():
+            self.res["idempotency"][name] = {"rps": med([r["rps"] for r in rs]),
+                                             "p99_ms": med([r["p99_us"] for r in rs]) / 1000,
+                                             "errors": sum(r["status_err"] + r["sock_err"] for r in rs)}
+        self.check("idempotency: no errors in the keyed runs",
+                   all(v["errors"] == 0 for v in self.res["idempotency"].values()))
+        self.procs.stop(p)
+
     def run(self):
         try:
             self.setup()
@@ -717,6 +772,8 @@ backend be
                 self.memory()
             if "upload" in self.parts:
                 self.upload()
+            if "idempotency" in self.parts:
+                self.idempotency()
         finally:
             self.loadavg_end = open("/proc/loadavg").read().split()[:3]
             self.procs.stop_all()
@@ -747,6 +804,14 @@ backend be
             out.append((f"{self.idle_conns} idle connections: PSS <= nginx's",
                         f"{m['fencegate']['pss_mib']:.1f} MiB vs {m['nginx']['pss_mib']:.1f} MiB",
                         m["fencegate"]["pss_mib"] <= m["nginx"]["pss_mib"]))
+        i = self.res["idempotency"]
+        if i:
+            base = i["unkeyed"]["rps"]
+            out.append(("Keyed POSTs (unique keys) >= 0.5x unkeyed", f"{i['keyed-unique']['rps'] / base:.2f}x",
+                        i["keyed-unique"]["rps"] >= 0.5 * base))
+            out.append(("Replays >= 1.0x unkeyed", f"{i['replay']['rps'] / base:.2f}x", i["replay"]["rps"] >= base))
+            out.append(("Keyed POST p99 <= 5 ms", f"{i['keyed-unique']['p99_ms']:.2f} ms",
+                        i["keyed-unique"]["p99_ms"] <= 5))
         u = self.res["upload"]
         if u:
             out.append((f"{human_bytes(u['bytes'])} streamed upload: peak RSS <= 64 MiB", f"{u['hwm_mib']:.1f} MiB",
@@ -879,6 +944,15 @@ backend be
                 L.append(f"| {who} | {v['base_pss_mib']:.1f} MiB | {v['pss_mib']:.1f} MiB | {v['rss_mib']:.1f} MiB | "
                          f"{v['per_conn_kib']:.1f} KiB |")
             L.append("")
+        i = self.res["idempotency"]
+        if i:
+            L.append(f"### Idempotency (issue 30): one fencegate, route with \"idempotency\": {{}}, "
+                     f"`wrk -t1 -c{self.conns} -d{self.duration}s`, median of {self.reps}\n")
+            L.append("| requests | req/s | p99 ms | errors |")
+            L.append("|---|---|---|---|")
+            for name, v in i.items():
+                L.append(f"| {name} | {v['rps']:.0f} | {v['p99_ms']:.2f} | {v['errors']} |")
+            L.append("")
         u = self.res["upload"]
         if u:
             L.append("### Streamed upload through fencegate (enforce, valid token; upstream discards)\n")
@@ -969,7 +1043,8 @@ def main():
     ap.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"), help="results file for --write-results")
     ap.add_argument("--history", default=None, help="history file for --write-results (default: HISTORY.md beside --results)")
     ap.add_argument("--note", default="", help="label for this run in the results, e.g. 'before arena allocator'")
-    ap.add_argument("--parts", default="throughput,advance,memory,upload", help="comma-separated subset to run")
+    ap.add_argument("--parts", default="throughput,advance,memory,upload,idempotency",
+                    help="comma-separated subset to run")
     args = ap.parse_args()
     command = os.environ.get("BENCH_COMMAND") or "python3 bench/bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     # FENCEGATE_* too: the fencegate under test reads its settings from the environment it inherits.

@@ -13,6 +13,7 @@ int run_elect(const std::vector<std::string>& args);   // cmd/elect.cpp
 int run_leader(const std::vector<std::string>& args);  // cmd/leader.cpp
 int run_audit(const std::vector<std::string>& args);   // cmd/audit.cpp
 int run_status(const std::vector<std::string>& args);  // cmd/status.cpp
+int run_keys(const std::vector<std::string>& args);    // cmd/keys.cpp (issue 30)
 
 // Shared by elect and leader (cmd/elect.cpp).
 

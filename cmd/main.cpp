@@ -15,6 +15,7 @@ constexpr const char* kUsage =
     "Usage:\n"
     "  fencegate serve [flags]     run the fenced reverse proxy (see `fencegate serve --help`)\n"
     "  fencegate audit --db PATH   print the audit log of refused writes (see `fencegate audit --help`)\n"
+    "  fencegate keys --db PATH    list idempotency keys (operation IDs) (see `fencegate keys --help`)\n"
     "  fencegate elect --etcd URLS --election NAME -- CMD...\n"
     "                              run CMD only while elected in etcd, with its fencing token\n"
     "                              (see `fencegate elect --help`)\n"
@@ -53,6 +54,7 @@ int main(int argc, char** argv) {
   }
   if (command == "audit") return cmd::run_audit(args);
   if (command == "elect") return cmd::run_elect(args);
+  if (command == "keys") return cmd::run_keys(args);  // issue 30
   if (command == "leader") return cmd::run_leader(args);
   if (command == "serve") return cmd::run_serve(args);
   if (command == "status") return cmd::run_status(args);

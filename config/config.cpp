@@ -504,6 +504,15 @@ bool client_allowed(const std::vector<std::string>& patterns, std::string_view i
   return false;
 }
 
+// Issue 30 (idempotency): the methods a route keys by operation ID.
+bool Route::is_keyed(std::string_view method) const {
+  if (!idempotency || mode == Mode::off) return false;
+  if (idempotency->methods.empty()) return is_fenced(method);
+  for (const auto& m : idempotency->methods)
+    if (m == method) return is_fenced(method);
+  return false;
+}
+
 bool Route::is_fenced(std::string_view method) const {
   if (fence_reads) return true;
   // Case-insensitive on purpose: methods are case-sensitive on the wire, but some upstreams

@@ -49,6 +49,20 @@ struct Authority {
   bool operator==(const Authority&) const = default;
 };
 
+// Idempotency (issue 30, docs/idempotency.md): a route's "idempotency" object; operation IDs
+// (an Idempotency-Key header) make a retried write take effect once.
+struct Idempotency {
+  std::string header = "Idempotency-Key";                  // "header": the request field
+  bool required = false;                                    // "required": a keyed write without it -> 400
+  std::chrono::seconds retention{std::chrono::hours(24)};  // "retention": how long a key is kept
+  std::uint64_t max_body_bytes = 65536;                     // "max_body_bytes": largest response body kept
+  std::uint64_t max_keys = 1000000;                         // "max_keys": per resource; over -> 503
+  std::vector<std::string> methods;                         // "methods": empty = the route's fenced methods
+  bool scope_client = false;                                // "scope": "resource" (false) | "client"
+  bool forward_unknown = false;                             // "on_unknown": "refuse" (false) | "forward"
+  static constexpr std::uint64_t kMaxBodyLimit = 16u << 20;  // max_body_bytes is at most this
+};
+
 struct Route {
   std::string prefix;      // as configured, e.g. "/tenants/{tenant}/"
   std::string upstream;    // as configured, e.g. "http://127.0.0.1:9000"
@@ -66,6 +80,7 @@ struct Route {
   // The most resources this route's writes may create (0: only the global max_resources), so
   // one capture route cannot use up max_resources for every other route.
   std::size_t max_resources = 0;
+  std::optional<Idempotency> idempotency;  // issue 30: "idempotency" (absent: off)
 
   // TLS (issue 27): the verified client identities that may send requests through this route
   // (exact, or "prefix*"); empty: anyone. Others get 403 client-not-allowed (docs/tls.md).
@@ -73,6 +88,9 @@ struct Route {
 
   // Returns true iff `method` (case-sensitive, as on the wire) is fenced on this route.
   bool is_fenced(std::string_view method) const;
+  // Issue 30: true iff the route keys `method` by operation ID (its idempotency methods, else its
+  // fenced methods).
+  bool is_keyed(std::string_view method) const;
 };
 
 // TLS on the data listener (issue 27, docs/tls.md).

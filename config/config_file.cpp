@@ -156,6 +156,74 @@ Authority parse_authority(const json& j, const std::string& path, std::vector<st
   return a;
 }
 
+// Issue 30 (idempotency): "idempotency": {"header", "required", "retention", "max_body_bytes",
+// "max_keys", "methods", "scope", "on_unknown"}; {} turns it on with the defaults. Types and values
+// are checked here; that the methods are fenced on the route, in validate.cpp.
+Idempotency parse_idempotency(const json& j, const std::string& path, std::vector<std::string>& errors) {
+  Idempotency d;
+  if (!j.is_object()) {
+    errors.push_back(path + ": must be an object such as {} or {\"required\": true} (got " + got(j) + ")");
+    return d;
+  }
+  auto count = [&](const json& v, const std::string& fp, std::uint64_t lo, std::uint64_t hi, std::uint64_t& out) {
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() >= lo && v.get<std::uint64_t>() <= hi) {
+      out = v.get<std::uint64_t>();
+      return;
+    }
+    errors.push_back(fp + ": must be an integer from " + std::to_string(lo) + " to " + std::to_string(hi) + " (got " +
+                     got(v) + ")");
+  };
+  for (const auto& [key, v] : j.items()) {
+    const std::string fp = path + "." + key;
+    std::string s;
+    if (key == "header") {
+      if (get_string(v, fp, s, errors)) {
+        const bool token = !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("!#$%&'*+-.^_`|~", c);
+        });
+        if (!token)
+          errors.push_back(fp + ": must be an HTTP field name such as \"Idempotency-Key\" (got " + got(v) + ")");
+        else d.header = s;
+      }
+    } else if (key == "required") {
+      if (v.is_boolean()) d.required = v.get<bool>();
+      else errors.push_back(fp + ": must be true or false (got " + got(v) + ")");
+    } else if (key == "retention") {
+      std::chrono::seconds r{0};
+      if (get_string(v, fp, s, errors)) {
+        if (auto e = parse_duration(s, r); !e.empty()) errors.push_back(fp + ": " + e);
+        else if (r.count() == 0)
+          errors.push_back(fp + ": must be longer than 0: a key must be kept to dedupe (got \"0\")");
+        else d.retention = r;
+      }
+    } else if (key == "max_body_bytes") {
+      count(v, fp, 0, Idempotency::kMaxBodyLimit, d.max_body_bytes);
+    } else if (key == "max_keys") {
+      count(v, fp, 1, 1000000000, d.max_keys);
+    } else if (key == "methods") {
+      if (!v.is_array() || v.empty()) {
+        errors.push_back(fp + ": must be a non-empty array of method names such as [\"POST\"] (got " + got(v) + ")");
+        continue;
+      }
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (get_string(v[i], fp + "[" + std::to_string(i) + "]", s, errors)) d.methods.push_back(s);
+    } else if (key == "scope") {
+      if (get_string(v, fp, s, errors)) {
+        if (s == "resource" || s == "client") d.scope_client = s == "client";
+        else errors.push_back(fp + ": must be \"resource\" or \"client\" (got \"" + s + "\")");
+      }
+    } else if (key == "on_unknown") {
+      if (get_string(v, fp, s, errors)) {
+        if (s == "refuse" || s == "forward") d.forward_unknown = s == "forward";
+        else errors.push_back(fp + ": must be \"refuse\" or \"forward\" (got \"" + s + "\")");
+      }
+    } else {
+      errors.push_back(fp + ": unknown key");
+    }
+  }
+  return d;
+}
+
 Route parse_route(const json& j, const std::string& path, std::vector<std::string>& errors) {
   Route r;
   if (!j.is_object()) {
@@ -210,6 +278,8 @@ Route parse_route(const json& j, const std::string& path, std::vector<std::strin
       r.allowed_clients.clear();
       for (std::size_t i = 0; i < v.size(); ++i)
         if (get_string(v[i], fp + "[" + std::to_string(i) + "]", s, errors)) r.allowed_clients.push_back(s);
+    } else if (key == "idempotency") {  // issue 30
+      r.idempotency = parse_idempotency(v, fp, errors);
     } else if (key == "new_resources") {
       if (get_string(v, fp, s, errors)) {
         if (s == "on_write" || s == "fenced_only") r.fenced_only = s == "fenced_only";

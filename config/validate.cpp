@@ -76,6 +76,13 @@ bool check_coordinator(Authority& a, const std::string& path, std::vector<std::s
   return true;
 }
 
+// Issue 30: ASCII case-insensitive equality of field names.
+bool iequals_ascii(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
 // Checks (and normalises) an authority; errors are named under `path` ("routes[0].authority").
 void check_authority(Authority& a, const std::string& path, std::vector<std::string>& errors) {
   if (!a.coordinator.empty() && !check_coordinator(a, path, errors)) return;
@@ -304,6 +311,28 @@ void validate(Config& c, std::vector<std::string>& errors) {
       }
     }
     if (r.authority) check_authority(*r.authority, name + ".authority", errors);
+    // Issue 30 (idempotency): keys are looked at only for writes the fence admits, so each keyed
+    // method must be fenced on the route, and the key's header is not one of the fence's own.
+    if (r.idempotency) {
+      const Idempotency& d = *r.idempotency;
+      for (std::size_t m = 0; m < d.methods.size(); ++m) {
+        const std::string mp = name + ".idempotency.methods[" + std::to_string(m) + "]";
+        if (!is_upper_method(d.methods[m]))
+          errors.push_back(mp + ": must be an upper-case HTTP method such as \"POST\" (got " + quote(d.methods[m]) +
+                           ")");
+        else if (!r.is_fenced(d.methods[m]))
+          errors.push_back(mp + ": " + quote(d.methods[m]) +
+                           " is not fenced on this route (write_methods): keys are looked at only for fenced writes");
+      }
+      if (iequals_ascii(d.header, c.token_header) || iequals_ascii(d.header, c.leader_header) ||
+          iequals_ascii(d.header, "Content-Length") || iequals_ascii(d.header, "Transfer-Encoding") ||
+          iequals_ascii(d.header, "Host"))
+        errors.push_back(
+            name + ".idempotency.header: " + quote(d.header) +
+            " is a field fencegate reads for another purpose; use another name such as \"Idempotency-Key\"");
+      if (r.mode == Mode::off)
+        errors.push_back(name + ".idempotency: the route's mode is off (nothing is fenced, so nothing is keyed)");
+    }
   }
   // A resource has one mode and one authority. If an observe route can name a resource an
   // enforce route fences, the observe route forwards the stale writes the enforce route

@@ -78,6 +78,29 @@ bool is_dir(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+// Issue 30: idempotency keys (docs/idempotency.md).
+// Additive, like the audit log's traceparent: no schema version of its own, so an older
+// fencegate (and its read-only tools) still opens the database.
+std::string create_idempotency_table(sqlite3* db) {
+  return exec(db,
+              "CREATE TABLE IF NOT EXISTS idempotency("
+              "  id INTEGER PRIMARY KEY,"
+              "  resource TEXT NOT NULL,"
+              "  scope TEXT NOT NULL,"
+              "  key TEXT NOT NULL,"
+              "  state INTEGER NOT NULL,"
+              "  fingerprint TEXT NOT NULL,"
+              "  generation INTEGER NOT NULL,"
+              "  status INTEGER NOT NULL,"
+              "  headers TEXT NOT NULL,"
+              "  body BLOB NOT NULL,"
+              "  body_kept INTEGER NOT NULL,"
+              "  created_ms INTEGER NOT NULL,"
+              "  expires_ms INTEGER NOT NULL,"
+              "  UNIQUE(resource, scope, key));"
+              "CREATE INDEX IF NOT EXISTS idempotency_expires ON idempotency(expires_ms);");
+}
+
 // ---- Schema migrations: migrations[v] takes the schema from version v to v + 1. ----
 
 std::string migrate_0_to_1(sqlite3* db) {
@@ -370,6 +393,8 @@ std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (!has_column(db, "audit", "client_identity"))
     if (auto e = exec(db, "ALTER TABLE audit ADD COLUMN client_identity TEXT NOT NULL DEFAULT ''"); !e.empty())
       return "cannot add the audit log's client_identity column to database " + path + ": " + e;
+  if (auto e = create_idempotency_table(db); !e.empty())  // issue 30
+    return "cannot add the idempotency key table to database " + path + ": " + e;
   size_wal(db, path);
   return {};
 }

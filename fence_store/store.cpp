@@ -19,6 +19,8 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -83,6 +85,26 @@ std::string unfenced_query_sql(unsigned mask) {
 // A page is at most 1000 rows; a caller asks for one more to learn whether another page exists.
 int clamp_limit(int limit) { return limit < 1 ? 1 : (limit > 1001 ? 1001 : limit); }
 
+// Issue 30: an idempotency row's columns, in the order read_key_row reads them.
+#define KEY_COLUMNS                                                                                           \
+  "resource, scope, key, state, fingerprint, generation, status, headers, body_kept, created_ms, expires_ms," \
+  " length(body)"
+
+void read_key_row(sqlite3_stmt* st, KeyRecord* r) {
+  r->resource = col_text(st, 0);
+  r->scope = col_text(st, 1);
+  r->key = col_text(st, 2);
+  const int state = sqlite3_column_int(st, 3);
+  r->state = state == 1 ? KeyState::completed : state == 2 ? KeyState::unknown : KeyState::in_flight;
+  r->fingerprint = col_text(st, 4);
+  r->generation = sqlite3_column_int64(st, 5);
+  r->status = sqlite3_column_int(st, 6);
+  r->headers = col_text(st, 7);
+  r->body_kept = sqlite3_column_int(st, 8) != 0;
+  r->created_ms = sqlite3_column_int64(st, 9);
+  r->expires_ms = sqlite3_column_int64(st, 10);
+}
+
 // One read connection and its prepared statements. Guarded by the owner's mutex.
 class Reader {
  public:
@@ -91,6 +113,7 @@ class Reader {
     sqlite3_finalize(load_all_);
     for (auto* st : audit_) sqlite3_finalize(st);
     for (auto* st : unfenced_) sqlite3_finalize(st);
+    for (auto* st : {key_get_, key_list_any_, key_list_one_}) sqlite3_finalize(st);
     sqlite3_close_v2(db_);
   }
   Reader(const Reader&) = delete;
@@ -187,6 +210,53 @@ class Reader {
     return out;
   }
 
+  // Issue 30: idempotency keys.
+  bool key_get(const std::string& resource, const std::string& scope, const std::string& key, KeyRecord* out,
+               Status* status) {
+    if (!key_get_ &&
+        !prepare("SELECT " KEY_COLUMNS ", body FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3",
+                 &key_get_, status))
+      return false;
+    bind_text(key_get_, 1, resource);
+    bind_text(key_get_, 2, scope);
+    bind_text(key_get_, 3, key);
+    int rc = sqlite3_step(key_get_);
+    const bool found = rc == SQLITE_ROW;
+    if (found) {
+      read_key_row(key_get_, out);
+      out->body.assign(static_cast<const char*>(sqlite3_column_blob(key_get_, 12)),
+                       static_cast<std::size_t>(sqlite3_column_bytes(key_get_, 12)));
+      rc = SQLITE_DONE;
+    }
+    finish(key_get_, rc, status);
+    return found;
+  }
+
+  std::vector<KeyRecord> key_list(const std::string& resource, const std::string& after_resource,
+                                  const std::string& after_key, int limit, Status* status) {
+    std::vector<KeyRecord> out;
+    sqlite3_stmt*& st = resource.empty() ? key_list_any_ : key_list_one_;
+    const char* sql = resource.empty() ? "SELECT " KEY_COLUMNS
+                                         " FROM idempotency WHERE (resource, key) > (?2, ?3)"
+                                         " ORDER BY resource, key LIMIT ?4"
+                                       : "SELECT " KEY_COLUMNS
+                                         " FROM idempotency WHERE resource = ?1 AND key > ?3"
+                                         " ORDER BY resource, key LIMIT ?4";
+    if (!st && !prepare(sql, &st, status)) return out;
+    if (!resource.empty()) bind_text(st, 1, resource);
+    bind_text(st, 2, after_resource);
+    bind_text(st, 3, after_key);
+    sqlite3_bind_int(st, 4, clamp_limit(limit));
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      KeyRecord r;
+      read_key_row(st, &r);
+      out.push_back(std::move(r));
+    }
+    finish(st, rc, status);
+    return out;
+  }
+
  private:
   bool prepare(const char* sql, sqlite3_stmt** st, Status* status) {
     if (sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, st, nullptr) == SQLITE_OK) return true;
@@ -205,6 +275,9 @@ class Reader {
   sqlite3_stmt* load_all_ = nullptr;
   std::array<sqlite3_stmt*, kFilterCount> audit_{};
   std::array<sqlite3_stmt*, kUnfencedCount> unfenced_{};
+  sqlite3_stmt* key_get_ = nullptr;
+  sqlite3_stmt* key_list_any_ = nullptr;
+  sqlite3_stmt* key_list_one_ = nullptr;
 };
 
 // ---- The owning store: lock file, writer thread, reader. ----
@@ -233,12 +306,27 @@ class OwnedStore final : public TestableStore {
         // nothing writes no WAL frame, so an idle check costs an index probe and no fsync.
         "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)",
         "DELETE FROM audit WHERE id IN (SELECT id FROM audit ORDER BY id LIMIT ?1)", "SELECT count(*) FROM audit",
-        "DELETE FROM resources WHERE resource = ?1"};
-    sqlite3_stmt** outs[] = {&begin_,     &commit_,       &rollback_,    &upsert_,         &insert_audit_,
-                             &prune_age_, &prune_oldest_, &count_audit_, &delete_resource_};
+        "DELETE FROM resources WHERE resource = ?1",
+        // Issue 30: idempotency keys.
+        ("SELECT " KEY_COLUMNS ", body FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3"),
+        ("INSERT OR REPLACE INTO idempotency(resource, scope, key, state, fingerprint, generation, status, headers,"
+         " body, body_kept, created_ms, expires_ms) VALUES(?1, ?2, ?3, 0, ?4, ?5, 0, '', x'', 1, ?6, ?7)"),
+        ("UPDATE idempotency SET state = ?4, status = ?5, headers = ?6, body = ?7, body_kept = ?8"
+         " WHERE resource = ?1 AND scope = ?2 AND key = ?3 AND state IN (0, 2)"),
+        "DELETE FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3",
+        ("DELETE FROM idempotency WHERE id IN (SELECT id FROM idempotency WHERE expires_ms <= ?1"
+         " ORDER BY expires_ms LIMIT ?2) RETURNING resource, scope, key")};
+    sqlite3_stmt** outs[] = {&begin_,      &commit_,       &rollback_,    &upsert_,          &insert_audit_,
+                             &prune_age_,  &prune_oldest_, &count_audit_, &delete_resource_, &key_select_,
+                             &key_insert_, &key_settle_,   &key_delete_,  &key_prune_};
     for (std::size_t i = 0; i < std::size(sqls); ++i)
       if (sqlite3_prepare_v3(wdb_, sqls[i], -1, SQLITE_PREPARE_PERSISTENT, outs[i], nullptr) != SQLITE_OK)
         return "cannot prepare statements on database " + path_ + ": " + sqlite3_errmsg(wdb_);
+    // Issue 30: a key still in flight was recorded by a process that died between forwarding its
+    // write and recording the answer: whether the upstream applied it cannot be known.
+    if (auto e = exec(wdb_, "UPDATE idempotency SET state = 2 WHERE state = 0"); !e.empty())
+      return "cannot mark in-flight idempotency keys unknown on database " + path_ + ": " + e;
+    if (auto e = recount_keys(); !e.empty()) return "cannot count idempotency keys on database " + path_ + ": " + e;
     struct stat w {};
     if (::stat((path_ + "-wal").c_str(), &w) == 0) {
       wal_known_ = true;
@@ -268,7 +356,7 @@ class OwnedStore final : public TestableStore {
     // read-write connection can do that.
     reader_.reset();
     for (auto* st : {begin_, commit_, rollback_, upsert_, insert_audit_, prune_age_, prune_oldest_, count_audit_,
-                     delete_resource_})
+                     delete_resource_, key_select_, key_insert_, key_settle_, key_delete_, key_prune_})
       sqlite3_finalize(st);
     sqlite3_close_v2(wdb_);
     ::close(db_lock_fd_);  // release ownership only after every connection is closed
@@ -334,20 +422,234 @@ class OwnedStore final : public TestableStore {
     observer_ = std::move(p);
   }
 
+  // Issue 30: idempotency keys.
+  void key_begin(KeyRecord rec, std::uint64_t max_keys, KeyDone done) override {
+    Item it;
+    it.kind = Item::kKeyBegin;
+    it.key = std::make_unique<KeyItem>();
+    it.key->rec = std::move(rec);
+    it.key->max_keys = max_keys;
+    it.key->done = std::move(done);
+    enqueue(std::move(it));
+  }
+  void key_settle(KeyRecord rec, Done done) override {
+    Item it;
+    it.kind = Item::kKeySettle;
+    it.key = std::make_unique<KeyItem>();
+    it.key->rec = std::move(rec);
+    it.done = std::move(done);
+    enqueue(std::move(it));
+  }
+  void key_release(std::string resource, std::string scope, std::string key, Done done) override {
+    Item it;
+    it.kind = Item::kKeyRelease;
+    it.key = std::make_unique<KeyItem>();
+    it.key->rec.resource = std::move(resource);
+    it.key->rec.scope = std::move(scope);
+    it.key->rec.key = std::move(key);
+    it.done = std::move(done);
+    enqueue(std::move(it));
+  }
+  bool key_get(const std::string& resource, const std::string& scope, const std::string& key, KeyRecord* out,
+               Status* status) override {
+    std::lock_guard lk(read_mu_);
+    return reader_->key_get(resource, scope, key, out, status);
+  }
+  std::vector<KeyRecord> key_list(const std::string& resource, const std::string& after_resource,
+                                  const std::string& after_key, int limit, Status* status) override {
+    std::lock_guard lk(read_mu_);
+    return reader_->key_list(resource, after_resource, after_key, limit, status);
+  }
+  bool key_cached(const std::string& resource, const std::string& scope, const std::string& key,
+                  KeyRecord* out) override {
+    std::shared_ptr<const KeyRecord> r;
+    {
+      std::lock_guard lk(cache_mu_);
+      auto it = cache_.find(cache_key(resource, scope, key));
+      if (it == cache_.end()) return false;
+      r = it->second;
+    }
+    if (r->expires_ms <= now_ms()) return false;
+    *out = *r;
+    return true;
+  }
+  std::vector<std::pair<std::string, std::int64_t>> key_counts() const override {
+    std::lock_guard lk(counts_mu_);
+    return {published_counts_.begin(), published_counts_.end()};
+  }
+
   std::size_t queue_depth() const override { return pending_.load(std::memory_order_relaxed); }
   std::uint64_t audit_rows_dropped() const override { return dropped_rows_.load(std::memory_order_relaxed); }
   void inject_commit_failure(bool on) override { inject_failure_.store(on); }
   std::uint64_t commit_count() const override { return commits_.load(); }
 
  private:
+  // Issue 30: what a key item carries (kept out of line: most items are advances and audit rows).
+  struct KeyItem {
+    KeyRecord rec;
+    std::uint64_t max_keys = 0;
+    KeyDone done;                    // key_begin's
+    KeyBeginResult result;           // key_begin's, set by commit()
+    bool changed = false;            // key_settle's: it changed the row (cached once committed)
+  };
   struct Item {
-    enum Kind { kAdvance, kAudit, kRemove } kind = kAdvance;
+    enum Kind { kAdvance, kAudit, kRemove, kKeyBegin, kKeySettle, kKeyRelease } kind = kAdvance;
     std::string resource;  // advance, remove
     std::int64_t generation = 0;
     std::string leader;
     AuditRow row;  // audit
     Done done;
+    std::unique_ptr<KeyItem> key;  // key_begin, key_settle, key_release
   };
+
+  // Issue 30: counts the keys per resource again from the table (at start, after a failed
+  // batch). Returns "" or SQLite's error. Store thread (or before it starts).
+  std::string recount_keys() {
+    sqlite3_stmt* st = nullptr;
+    if (sqlite3_prepare_v2(wdb_, "SELECT resource, count(*) FROM idempotency GROUP BY resource", -1, &st, nullptr) !=
+        SQLITE_OK)
+      return sqlite3_errmsg(wdb_);
+    key_counts_.clear();
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) key_counts_[col_text(st, 0)] = sqlite3_column_int64(st, 1);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) return sqlite3_errmsg(wdb_);
+    publish_counts();
+    return {};
+  }
+  // Completed keys kept in memory for replays (key_cached); at most kCacheEntries, whose bodies
+  // are at most 16 MiB each by config and kCacheBytes together.
+  static constexpr std::size_t kCacheEntries = 10000;
+  static constexpr std::size_t kCacheBytes = 64u << 20;
+  static std::string cache_key(const std::string& resource, const std::string& scope, const std::string& key) {
+    std::string k;
+    k.reserve(resource.size() + scope.size() + key.size() + 2);
+    k.append(resource).append(1, '\0').append(scope).append(1, '\0').append(key);
+    return k;
+  }
+  void cache_put(const KeyRecord& r) {
+    if (r.state != KeyState::completed) return;
+    auto p = std::make_shared<const KeyRecord>(r);
+    std::lock_guard lk(cache_mu_);
+    auto& slot = cache_[cache_key(r.resource, r.scope, r.key)];
+    if (slot) cache_bytes_ -= slot->body.size();
+    slot = std::move(p);
+    cache_bytes_ += slot->body.size();
+    while ((cache_.size() > kCacheEntries || cache_bytes_ > kCacheBytes) && !cache_.empty()) {
+      auto victim = cache_.begin();  // any: the database still has it
+      cache_bytes_ -= victim->second->body.size();
+      cache_.erase(victim);
+    }
+  }
+  void cache_drop(const std::string& resource, const std::string& scope, const std::string& key) {
+    std::lock_guard lk(cache_mu_);
+    auto it = cache_.find(cache_key(resource, scope, key));
+    if (it == cache_.end()) return;
+    cache_bytes_ -= it->second->body.size();
+    cache_.erase(it);
+  }
+  void cache_clear() {
+    std::lock_guard lk(cache_mu_);
+    cache_.clear();
+    cache_bytes_ = 0;
+  }
+
+  void publish_counts() {
+    std::lock_guard lk(counts_mu_);
+    published_counts_ = key_counts_;
+  }
+  void bind_key(sqlite3_stmt* st, const KeyRecord& r) {
+    bind_text(st, 1, r.resource);
+    bind_text(st, 2, r.scope);
+    bind_text(st, 3, r.key);
+  }
+
+  // Issue 30: one key item inside the batch's transaction. Returns false on an SQLite error.
+  bool commit_key(Item& it, std::int64_t now, std::string* err) {
+    KeyItem& k = *it.key;
+    if (it.kind == Item::kKeyBegin) {
+      bind_key(key_select_, k.rec);
+      int rc = sqlite3_step(key_select_);
+      bool live = false, expired_row = false;
+      if (rc == SQLITE_ROW) {
+        read_key_row(key_select_, &k.result.existing);
+        k.result.existing.body.assign(static_cast<const char*>(sqlite3_column_blob(key_select_, 12)),
+                                      static_cast<std::size_t>(sqlite3_column_bytes(key_select_, 12)));
+        live = k.result.existing.expires_ms > now;
+        expired_row = !live;
+        rc = SQLITE_DONE;
+      }
+      if (rc != SQLITE_DONE) *err = sqlite3_errmsg(wdb_);
+      sqlite3_reset(key_select_);
+      sqlite3_clear_bindings(key_select_);
+      if (rc != SQLITE_DONE) return false;
+      if (live) {
+        k.result.outcome = KeyBegin::exists;
+        cache_put(k.result.existing);  // completed rows only: durable already
+        return true;
+      }
+      k.result.existing = KeyRecord{};
+      std::int64_t& n = key_counts_[k.rec.resource];
+      if (!expired_row && static_cast<std::uint64_t>(n) >= k.max_keys) {
+        k.result.outcome = KeyBegin::limit;
+        return true;
+      }
+      sqlite3_stmt* st = key_insert_;
+      bind_key(st, k.rec);
+      bind_text(st, 4, k.rec.fingerprint);
+      sqlite3_bind_int64(st, 5, k.rec.generation);
+      sqlite3_bind_int64(st, 6, k.rec.created_ms);
+      sqlite3_bind_int64(st, 7, k.rec.expires_ms);
+      const bool ok = step(st, err);
+      sqlite3_clear_bindings(st);
+      if (ok && !expired_row) ++n;
+      k.result.outcome = KeyBegin::started;
+      return ok;
+    }
+    if (it.kind == Item::kKeySettle) {
+      sqlite3_stmt* st = key_settle_;
+      bind_key(st, k.rec);
+      sqlite3_bind_int(st, 4, static_cast<int>(k.rec.state));
+      sqlite3_bind_int(st, 5, k.rec.status);
+      bind_text(st, 6, k.rec.headers);
+      sqlite3_bind_blob(st, 7, k.rec.body.data(), static_cast<int>(k.rec.body.size()), SQLITE_STATIC);
+      sqlite3_bind_int(st, 8, k.rec.body_kept ? 1 : 0);
+      const bool ok = step(st, err);
+      sqlite3_clear_bindings(st);
+      k.changed = ok && sqlite3_changes64(wdb_) > 0;
+      return ok;
+    }
+    cache_drop(k.rec.resource, k.rec.scope, k.rec.key);
+    bind_key(key_delete_, k.rec);
+    const bool ok = step(key_delete_, err);
+    sqlite3_clear_bindings(key_delete_);
+    if (ok && sqlite3_changes64(wdb_) > 0) {
+      auto c = key_counts_.find(k.rec.resource);
+      if (c != key_counts_.end() && --c->second <= 0) key_counts_.erase(c);
+    }
+    return ok;
+  }
+
+  // Issue 30: deletes at most one chunk of expired keys (autocommit). True iff more may remain.
+  bool prune_keys() {
+    sqlite3_bind_int64(key_prune_, 1, now_ms());
+    sqlite3_bind_int(key_prune_, 2, kKeyPruneChunkRows);
+    int rc, n = 0;
+    while ((rc = sqlite3_step(key_prune_)) == SQLITE_ROW) {
+      ++n;
+      cache_drop(col_text(key_prune_, 0), col_text(key_prune_, 1), col_text(key_prune_, 2));
+      auto c = key_counts_.find(col_text(key_prune_, 0));
+      if (c != key_counts_.end() && --c->second <= 0) key_counts_.erase(c);
+    }
+    sqlite3_reset(key_prune_);
+    sqlite3_clear_bindings(key_prune_);
+    if (rc != SQLITE_DONE) {
+      (void)recount_keys();
+      return false;
+    }
+    if (n > 0) publish_counts();
+    return n >= kKeyPruneChunkRows;
+  }
 
   void enqueue(Item it) {
     bool queued = false;
@@ -380,11 +682,13 @@ class OwnedStore final : public TestableStore {
     bool prune_more = false;      // the last chunk may have left more to delete
     bool prune_now = false;       // retention was just set
     auto last_prune = Clock::now() - kPruneIdleInterval;
+    bool keys_more = false;  // issue 30: the last chunk of expired keys may have left more
+    auto last_key_prune = Clock::now();
     for (;;) {
       {
         std::unique_lock lk(mu_);
         auto wake = [&] { return stopping_ || !queue_.empty() || retention_changed_; };
-        if (!prune_more && !wake()) {
+        if (!prune_more && !keys_more && !wake()) {
           if (!retry_.empty())  // rows of a failed batch: try them again soon, even if idle
             cv_.wait_for(lk, kRetryInterval, wake);
           else  // retention, and the health check, also run when idle
@@ -408,6 +712,18 @@ class OwnedStore final : public TestableStore {
       }
       if (!batch.empty()) run_batch(batch);
       else health_tick();
+      // Issue 30: expired idempotency keys, one small chunk at a time, when no write waits.
+      if (keys_more || Clock::now() - last_key_prune >= kPruneIdleInterval) {
+        bool idle;
+        {
+          std::lock_guard lk(mu_);
+          idle = queue_.empty() && !stopping_;
+        }
+        if (idle && !files_lost_) {
+          keys_more = prune_keys();
+          last_key_prune = Clock::now();
+        }
+      }
       if (retention.max_age_ms <= 0 && retention.max_rows == 0) {
         prune_more = prune_now = false;
         continue;
@@ -442,6 +758,17 @@ class OwnedStore final : public TestableStore {
     } else {
       audit_rows_ = -1;  // a failed COMMIT may or may not have landed: recount before the next prune
     }
+    bool keys_touched = false;  // issue 30
+    for (const auto& it : batch) keys_touched = keys_touched || (it.key && it.kind != Item::kKeySettle);
+    if (keys_touched) {
+      if (!s.ok()) (void)recount_keys();
+      else publish_counts();
+    }
+    for (const auto& it : batch)
+      if (it.kind == Item::kKeySettle && it.key->changed) {
+        if (s.ok()) cache_put(it.key->rec);
+      }
+    if (!s.ok()) cache_clear();  // rows cached during the failed batch may not be in the database
     std::shared_ptr<const CommitObserver> obs;
     {
       std::lock_guard lk(observer_mu_);
@@ -456,6 +783,15 @@ class OwnedStore final : public TestableStore {
     }
     std::size_t kept = 0;
     for (auto& it : batch) {
+      if (it.kind == Item::kKeyBegin) {  // issue 30
+        KeyItem& k = *it.key;
+        if (!s.ok()) k.result = KeyBeginResult{s, KeyBegin::started, {}};
+        try {
+          if (k.done) k.done(std::move(k.result));
+        } catch (...) {
+        }
+        continue;
+      }
       if (!it.done) {
         // Fire-and-forget rows (observe mode's would-be rejections: their writes went through)
         // have nobody to tell; they stay queued for the next batch instead of being lost, up to a
@@ -547,6 +883,11 @@ class OwnedStore final : public TestableStore {
     const std::int64_t now = now_ms();
     bool ok = true;
     for (auto& it : batch) {
+      if (it.key) {  // issue 30
+        ok = commit_key(it, now, &err);
+        if (!ok) break;
+        continue;
+      }
       sqlite3_stmt* st;
       if (it.kind == Item::kAdvance) {
         st = upsert_;
@@ -699,6 +1040,18 @@ class OwnedStore final : public TestableStore {
   sqlite3_stmt* prune_oldest_ = nullptr;
   sqlite3_stmt* count_audit_ = nullptr;
   sqlite3_stmt* delete_resource_ = nullptr;
+  // Issue 30: idempotency keys
+  sqlite3_stmt* key_select_ = nullptr;
+  sqlite3_stmt* key_insert_ = nullptr;
+  sqlite3_stmt* key_settle_ = nullptr;
+  sqlite3_stmt* key_delete_ = nullptr;
+  sqlite3_stmt* key_prune_ = nullptr;
+  std::map<std::string, std::int64_t> key_counts_;  // store thread only: rows per resource
+  mutable std::mutex counts_mu_;
+  std::map<std::string, std::int64_t> published_counts_;  // Guarded by counts_mu_
+  std::mutex cache_mu_;
+  std::unordered_map<std::string, std::shared_ptr<const KeyRecord>> cache_;  // Guarded by cache_mu_
+  std::size_t cache_bytes_ = 0;                                               // Guarded by cache_mu_
   std::thread thread_;
 
   // Used only by the store thread: rows in the audit table, -1 = unknown (counted on demand).
@@ -750,6 +1103,16 @@ class ReadOnlyStore final : public Store {
   void set_retention(std::int64_t, std::uint64_t) override {}
   void set_commit_observer(CommitObserver) override {}
   std::size_t queue_depth() const override { return 0; }
+  bool key_get(const std::string& resource, const std::string& scope, const std::string& key, KeyRecord* out,
+               Status* status) override {
+    std::lock_guard lk(mu_);
+    return reader_.key_get(resource, scope, key, out, status);
+  }
+  std::vector<KeyRecord> key_list(const std::string& resource, const std::string& after_resource,
+                                  const std::string& after_key, int limit, Status* status) override {
+    std::lock_guard lk(mu_);
+    return reader_.key_list(resource, after_resource, after_key, limit, status);
+  }
 
  private:
   void refuse(const Done& done) {
@@ -762,6 +1125,15 @@ class ReadOnlyStore final : public Store {
 };
 
 }  // namespace
+
+std::string_view to_string(KeyState s) {
+  switch (s) {
+    case KeyState::in_flight: return "in_flight";
+    case KeyState::completed: return "completed";
+    case KeyState::unknown: return "unknown";
+  }
+  return "unknown";
+}
 
 std::unique_ptr<Store> Store::open(const std::string& given, std::string* error) {
   std::string ignored;

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -56,7 +57,7 @@ struct AuditRow {
 };
 
 // Every decision an audit row can record (what the proxy writes; queries filter on these).
-inline constexpr std::array<std::string_view, 14> kAuditDecisions = {
+inline constexpr std::array<std::string_view, 18> kAuditDecisions = {
     "rejected_stale", "rejected_missing", "rejected_malformed", "would_reject_stale", "would_reject_missing",
     "would_reject_malformed",
     // authority-linked fencing (a route with an "authority")
@@ -64,7 +65,9 @@ inline constexpr std::array<std::string_view, 14> kAuditDecisions = {
     // a route with "new_resources": "fenced_only"; resource_deleted: DELETE /v1/resources/{id}
     "rejected_unfenced_resource", "would_reject_unfenced_resource", "resource_deleted",
     // TLS (issue 27): a route's allowed_clients refused the verified client identity
-    "rejected_client_not_allowed"};
+    "rejected_client_not_allowed",
+    // idempotency (issue 30, docs/idempotency.md)
+    "rejected_idempotency_mismatch", "rejected_idempotency_in_flight", "rejected_idempotency_unknown", "would_replay"};
 
 struct AuditQuery {
   std::string resource, decision, leader;  // "" = any
@@ -85,6 +88,34 @@ struct UnfencedGroup {
 struct AuditRecord {
   std::int64_t id = 0;
   AuditRow row;
+};
+
+// ---- Idempotency keys (issue 30, docs/idempotency.md) ----
+// One row per (resource, scope, key): recorded in flight before the write is forwarded, then
+// completed with the response, marked unknown (it reached the upstream, no complete answer came
+// back) or released (deleted: it never reached the upstream, or the upstream said it did not act).
+enum class KeyState { in_flight = 0, completed = 1, unknown = 2 };
+std::string_view to_string(KeyState s);  // "in_flight" | "completed" | "unknown"
+
+struct KeyRecord {
+  std::string resource;
+  std::string scope;  // "" (scope "resource") or the client identity (scope "client")
+  std::string key;    // the operation ID as the client sent it, unescaped
+  KeyState state = KeyState::in_flight;
+  std::string fingerprint;         // hex SHA-256 of method, target and the body's SHA-256
+  std::int64_t generation = 0;     // the generation of the write that recorded it
+  int status = 0;                  // completed: the response status
+  std::string headers;             // completed: the body-describing fields, "Name: value\r\n" each
+  std::string body;                // completed: the body, if kept
+  bool body_kept = true;           // false: larger than max_body_bytes, status only
+  std::int64_t created_ms = 0, expires_ms = 0;  // unix epoch milliseconds
+};
+
+enum class KeyBegin { started, exists, limit };
+struct KeyBeginResult {
+  Status status = Status::OK();  // not OK: nothing recorded (the write must not be forwarded)
+  KeyBegin outcome = KeyBegin::started;
+  KeyRecord existing;            // outcome exists: the row found
 };
 
 class Store {
@@ -177,6 +208,62 @@ class Store {
   // Number of batches (transactions, one fsync each) committed successfully so far. For metrics
   // (fencegate_store_commits_total) and group-commit tests. Read-only stores report 0.
   virtual std::uint64_t commit_count() const { return 0; }
+
+  // ---- Idempotency keys (issue 30). Writes go through the store thread's group commit. ----
+  // Records `rec` in flight unless a live (unexpired) row with its (resource, scope, key) exists
+  // (outcome exists, with that row; nothing written) or the resource holds max_keys live keys
+  // (outcome limit). `done` runs on the store thread once the row is durable (or failed). The
+  // default refuses (read-only stores, test doubles).
+  using KeyDone = std::function<void(KeyBeginResult)>;
+  // NOLINTNEXTLINE(performance-unnecessary-value-param): taken by value, OwnedStore moves it
+  virtual void key_begin(KeyRecord rec, std::uint64_t max_keys, KeyDone done) {
+    (void)rec;
+    (void)max_keys;
+    KeyBeginResult r;
+    r.status = Status::Error("this store does not keep idempotency keys");
+    if (done) done(std::move(r));
+  }
+  // Sets the row's state to `rec.state` (completed: with status, headers, body) if it is in
+  // flight or unknown (a retry forwarded under "on_unknown": "forward"); a completed row stays as
+  // it is. `done` may be empty.
+  virtual void key_settle(KeyRecord rec, Done done) {  // NOLINT(performance-unnecessary-value-param)
+    (void)rec;
+    if (done) done(Status::Error("this store does not keep idempotency keys"));
+  }
+  // A completed, unexpired key from the store's memory (no database read, no store thread): the
+  // keys completed or found completed since start, up to a bound. False if not there (it may
+  // still be in the database: key_begin finds it). Thread-safe; for replays on the data path.
+  virtual bool key_cached(const std::string& resource, const std::string& scope, const std::string& key,
+                          KeyRecord* out) {
+    (void)resource, (void)scope, (void)key, (void)out;
+    return false;
+  }
+  // Deletes the row (released; or cleared by an operator). `done` may be empty.
+  virtual void key_release(std::string resource, std::string scope, std::string key, Done done) {  // NOLINT
+    (void)resource, (void)scope, (void)key;
+    if (done) done(Status::Error("this store does not keep idempotency keys"));
+  }
+  // The row, read on the read connection (expired rows not yet removed are reported too, with
+  // their expires_ms). found=false if none.
+  virtual bool key_get(const std::string& resource, const std::string& scope, const std::string& key, KeyRecord* out,
+                       Status* status) {
+    (void)resource, (void)scope, (void)key, (void)out;
+    if (status) *status = Status::Error("this store does not keep idempotency keys");
+    return false;
+  }
+  // Rows (without bodies) of `resource` ("" = any), by resource and key, after (resource, key)
+  // `after_resource`/`after_key` ("" = from the start), at most `limit` (clamped to 1..1001).
+  virtual std::vector<KeyRecord> key_list(const std::string& resource, const std::string& after_resource,
+                                          const std::string& after_key, int limit, Status* status) {
+    (void)resource, (void)after_resource, (void)after_key, (void)limit;
+    if (status) *status = Status::Error("this store does not keep idempotency keys");
+    return {};
+  }
+  // Live keys per resource as the store thread counts them (for the fencegate_idempotency_keys
+  // gauge); empty on a read-only store.
+  virtual std::vector<std::pair<std::string, std::int64_t>> key_counts() const { return {}; }
+  // Expired keys are deleted in the background by the store thread in chunks of this many rows.
+  static constexpr int kKeyPruneChunkRows = 500;
 
   static constexpr int kSchemaVersion = 1;
 };

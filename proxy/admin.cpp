@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/router.h"
+#include "proxy/admin_idempotency.h"  // issue 30
 #include "proxy/admin_query.h"
 #include "proxy/admin_session.h"
 #include "proxy/admin_ui.h"
@@ -196,6 +197,14 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
     } else if (rest.size() > 10 && rest.substr(rest.size() - 10) == "/readiness") {
       is_readiness = true;
       rest.remove_suffix(10);
+    }
+    if (rest.find("/idempotency/") != std::string_view::npos) {  // issue 30: proxy/admin_idempotency.h
+      AdminAnswer a = idempotency_endpoint(rt.store, h.method, rest, q);
+      Reply r;
+      r.status = a.status;
+      r.content_type = std::move(a.content_type);
+      r.body = std::move(a.body);
+      co_return r;
     }
     if (rest.find('/') != std::string_view::npos)  // a resource name has no '/': no such endpoint
       co_return problem(404, "not-found", "Not found", "no such admin endpoint; see GET /");

@@ -27,6 +27,7 @@ Reply AdminSession::metrics() {
   std::string out;
   out.reserve(8192);
   rt.metrics.render(out);
+  render_idempotency_keys(out, rt.store.key_counts());  // issue 30
   auto views = rt.fence.snapshot();
   auto stats = rt.fence.stats();
   out += "# HELP fencegate_generation Current durable generation per resource (labelled resources only).\n";

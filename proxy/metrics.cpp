@@ -101,6 +101,30 @@ bool Metrics::has_label(std::string_view resource) const {
   return resources_.find(resource) != resources_.end();
 }
 
+std::string_view to_string(IdemOutcome o) {
+  switch (o) {
+    case IdemOutcome::stored: return "stored";
+    case IdemOutcome::replayed: return "replayed";
+    case IdemOutcome::mismatch: return "mismatch";
+    case IdemOutcome::in_flight: return "in_flight";
+    case IdemOutcome::unknown: return "unknown";
+    case IdemOutcome::released: return "released";
+    case IdemOutcome::would_replay: return "would_replay";
+    case IdemOutcome::kCount: break;
+  }
+  return "unknown";
+}
+
+void render_idempotency_keys(std::string& out, const std::vector<std::pair<std::string, std::int64_t>>& counts) {
+  out += "# HELP fencegate_idempotency_keys Idempotency keys held per resource (issue 30).\n";
+  out += "# TYPE fencegate_idempotency_keys gauge\n";
+  std::size_t shown = 0;
+  for (const auto& [res, n] : counts) {
+    if (shown++ >= 1000) break;
+    out += "fencegate_idempotency_keys{resource=\"" + prom_escape(res) + "\"} " + std::to_string(n) + "\n";
+  }
+}
+
 bool Metrics::totals(std::string_view resource, std::uint64_t* writes, std::uint64_t* refusals) const {
   std::shared_lock lk(mu_);
   auto it = resources_.find(resource);
@@ -131,6 +155,22 @@ void Metrics::render(std::string& out) const {
     for (const auto& [name, c] : resources_) emit(name, *c);
   }
   emit("_other", other_);
+  // Issue 30: idempotency outcomes.
+  out += "# HELP fencegate_idempotency_total Keyed writes by resource and idempotency outcome.\n";
+  out += "# TYPE fencegate_idempotency_total counter\n";
+  auto emit_idem = [&](const std::string& res, const ResourceCounters& c) {
+    for (int i = 0; i < static_cast<int>(IdemOutcome::kCount); ++i) {
+      std::uint64_t v = c.idem[i].load(std::memory_order_relaxed);
+      if (v == 0) continue;
+      out += "fencegate_idempotency_total{resource=\"" + prom_escape(res) + "\",outcome=\"" +
+             std::string(to_string(static_cast<IdemOutcome>(i))) + "\"} " + std::to_string(v) + "\n";
+    }
+  };
+  {
+    std::shared_lock lk(mu_);
+    for (const auto& [name, c] : resources_) emit_idem(name, *c);
+  }
+  emit_idem("_other", other_);
 
   out += "# HELP fencegate_drain_wait_seconds Time a newer generation waited for older in-flight writes.\n";
   out += "# TYPE fencegate_drain_wait_seconds histogram\n";

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <utility>
 
 namespace fencegate::proxy {
 
@@ -49,6 +50,10 @@ enum class Outcome : int {
 };
 std::string_view to_string(Outcome o);
 
+// Issue 30 (idempotency): fencegate_idempotency_total{resource,outcome}.
+enum class IdemOutcome : int { stored = 0, replayed, mismatch, in_flight, unknown, released, would_replay, kCount };
+std::string_view to_string(IdemOutcome o);
+
 class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds);  // upper bounds, ascending, in seconds
@@ -64,6 +69,7 @@ class Histogram {
 
 struct ResourceCounters {
   std::array<std::atomic<std::uint64_t>, static_cast<int>(Outcome::kCount)> by_outcome{};
+  std::array<std::atomic<std::uint64_t>, static_cast<int>(IdemOutcome::kCount)> idem{};  // issue 30
 };
 
 class Metrics {
@@ -97,6 +103,10 @@ class Metrics {
     tls_handshake_failures[i].fetch_add(1, std::memory_order_relaxed);
   }
 
+  void count(std::string_view name, IdemOutcome o) {  // issue 30
+    resource(name)->idem[static_cast<int>(o)].fetch_add(1, std::memory_order_relaxed);
+  }
+
   // Renders the counters and histograms held here. Gauges owned elsewhere (generations, queue
   // depth) are appended by the caller.
   void render(std::string& out) const;
@@ -115,6 +125,10 @@ class Metrics {
   std::map<std::string, std::unique_ptr<ResourceCounters>, std::less<>> resources_;  // Guarded by mu_
   ResourceCounters other_;
 };
+
+// Issue 30: the fencegate_idempotency_keys{resource} gauge (live keys per resource, as the store
+// counts them), at most 1000 series.
+void render_idempotency_keys(std::string& out, const std::vector<std::pair<std::string, std::int64_t>>& counts);
 
 // Escapes a Prometheus label value.
 std::string prom_escape(std::string_view v);

@@ -319,6 +319,7 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
   const config::Route& route = *rq.match.route;
   Forwarding fw{
       route, rq.match.resource, rq.fence, std::move(ex), head.version, head.method == "HEAD", rq.client_keep_alive};
+  fw.keyed = rq.idem.get();  // issue 30
   Exchange& x = *fw.ex;
   boost::system::error_code ec;
   timed_out_ = false;
@@ -363,6 +364,7 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
     arm(cfg.upstream_timeout);
     std::array<net::const_buffer, 2> b{net::buffer(sc_->out), net::buffer(sc_->in.view().data(), pre)};
     fw.sent = true;
+    if (fw.keyed) fw.keyed->cap.sent = true;  // issue 30
     fw.early = co_await send_request(up, b, ec);
     ec = settle(ec);
     if (ec && !fw.early && co_await retry_fresh(fw, ec)) ec.clear();
@@ -416,6 +418,7 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
   if (!frame_response(fw))
     co_return co_await upstream_answer_refused(fw, "upstream " + route.upstream +
                                                        ": invalid or conflicting Content-Length");
+  if (fw.keyed) fw.keyed->cap.head(rh);  // issue 30
   build_response_head(fw);
 
   // Response body.
@@ -508,6 +511,7 @@ task<std::optional<bool>> Session::send_chunked_body(Forwarding& fw) {
     if (!head_sent || total || dec.done()) {
       arm(cfg().upstream_timeout);
       fw.sent = true;
+      if (fw.keyed) fw.keyed->cap.sent = true;  // issue 30
       fw.early = co_await send_request(up, gather, ec);
       ec = settle(ec);
       if (ec && !fw.early) co_return co_await upstream_failed(fw, ec, "send");
@@ -661,6 +665,7 @@ task<std::optional<bool>> Session::relay_length_body(Forwarding& fw) {
   for (;;) {
     std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, up.buf.size()));
     left -= n;
+    if (fw.keyed) fw.keyed->cap.body(up.buf.view().substr(0, n));  // issue 30
     if (left == 0) exchange_over(fw);
     std::array<net::const_buffer, 2> b{net::buffer(sc_->out.data(), head_sent ? 0 : sc_->out.size()),
                                        net::buffer(up.buf.view().data(), n)};
@@ -713,6 +718,7 @@ task<std::optional<bool>> Session::relay_chunked_body(Forwarding& fw) {
       if (dec.failed()) co_return body_failed(fw, std::string("bad chunked framing: ") + dec.error());
     }
     const bool done = close_delimited ? eof : dec.done();
+    if (fw.keyed) idem_capture_runs(fw, size_slot + 1);  // issue 30
     if (done) exchange_over(fw);
     if (fw.chunk_out) frame_chunk(gather, size_slot, sc_->frame, total, done);  // else the runs go raw
     if (!head_sent || total || (done && fw.chunk_out)) {
@@ -741,6 +747,7 @@ task<std::optional<bool>> Session::relay_chunked_body(Forwarding& fw) {
 // The exchange is over as far as the fence is concerned (its answer is whole upstream).
 void Session::exchange_over(Forwarding& fw) {
   Exchange& x = *fw.ex;
+  if (fw.keyed) idem_settle(*fw.keyed);  // issue 30: recorded before the client has the last byte
   if (x.node.resource || !x.aborted)
     rt_.metrics.upstream_latency.observe(std::chrono::duration<double>(Clock::now() - fw.started).count());
   x.release();
@@ -764,6 +771,7 @@ bool Session::linger_or_release(Forwarding& fw, const char* why, bool incomplete
 // out or a newer generation's drain aborted it, else 502.
 task<bool> Session::upstream_failed(Forwarding& fw, boost::system::error_code e, const char* stage) {
   Exchange& x = *fw.ex;
+  if (fw.keyed) idem_failed(*fw.keyed);  // issue 30: settled before the client has its answer
   waiting_up_ = nullptr;
   const bool timeout = e == net::error::timed_out && std::string_view(stage) != "connect";
   // The upstream has the request (or part of it, and stopped reading) and has not answered: it
@@ -792,6 +800,7 @@ task<bool> Session::upstream_failed(Forwarding& fw, boost::system::error_code e,
 task<bool> Session::upstream_answer_refused(Forwarding& fw, std::string detail, const char* log_line,
                                             std::string_view log_error) {
   waiting_up_ = nullptr;
+  if (fw.keyed) idem_failed(*fw.keyed);  // issue 30
   fw.ex->release();
   count(fw.resource, Outcome::upstream_error);
   if (log_line) log::warn(log_line, {log::kv("upstream", fw.route.upstream), log::kv("error", log_error)});

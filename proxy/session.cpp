@@ -339,8 +339,15 @@ task<bool> Session::handle(std::size_t head_len) {
     arm_abort(*ex);
     rt_.fence.track_observed(fence_resource(rq, !route.fenced_only), &ex->node);
   }
+  // Issue 30: operation IDs (idempotency_path.cpp), only for a keyed write the fence admitted.
+  if (rq.fenced && route.idempotency && route.is_keyed(sc_->head.method)) {
+    const std::optional<bool> answered = co_await idem_gate(rq, *ex);
+    if (answered) co_return *answered;
+  }
   // 4. Forward.
-  co_return co_await forward(rq, std::move(ex));
+  const bool keep = co_await forward(rq, std::move(ex));
+  if (rq.idem) idem_after(rq);  // issue 30: a key whose answer did not end is released or unknown
+  co_return keep;
 }
 
 // The request's values from its head: framing, keep-alive intent, HEAD.

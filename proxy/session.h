@@ -13,6 +13,7 @@
 
 #include <mutex>
 
+#include "proxy/idempotency.h"
 #include "proxy/worker.h"
 
 namespace fencegate::proxy {
@@ -262,6 +263,7 @@ class Session {
     bool up_reusable = false;  // the upstream connection goes back to the pool after
     bool keep = false;         // the client connection goes on after
     bool chunk_out = false;    // the body goes to the client in chunks of our framing
+    idem::Keyed* keyed = nullptr;  // issue 30: a keyed write's key and the capture of its answer
   };
   task<bool> forward(const RequestState& rq, std::shared_ptr<Exchange> ex);
   void build_upstream_head(const RequestHead& head, const Framing& fr, const config::Route& route);
@@ -283,6 +285,18 @@ class Session {
   std::unique_ptr<UpConn> pooled_upstream(const config::Route& route);
   task<std::size_t> read_promptly(UpConn& up, boost::system::error_code& ec);
   void arm_abort(Exchange& x);
+  // Issue 30: operation IDs (idempotency_path.cpp). idem_gate runs for a keyed write the fence
+  // admitted: nullopt to forward it (rq.idem set if its key was recorded in flight), else it was
+  // answered here (replay or refusal) and the result is whether the connection goes on.
+  task<std::optional<bool>> idem_gate(RequestState& rq, Exchange& ex);
+  void idem_settle(idem::Keyed& k);    // the upstream's answer has ended: record, release or unknown
+  void idem_after(RequestState& rq);   // after forward(): a key not settled reached upstream or not
+  void idem_failed(idem::Keyed& k);    // the exchange failed: unknown if it reached upstream, else released
+  void idem_capture_runs(Forwarding& fw, std::size_t first);  // body runs in sc_->gather from `first`
+  task<bool> idem_answer(RequestState& rq, std::string response, std::uint64_t body_bytes);
+  task<std::optional<std::uint64_t>> idem_read_body(RequestState& rq, idem::Fingerprint& fp);
+  task<bool> idem_refuse(RequestState& rq, const Problem& p, const char* decision, IdemOutcome o,
+                         std::uint64_t body_bytes, bool retry_after);
   // Takes the newest config snapshot if a reload installed one (one atomic load otherwise).
   void refresh_snapshot() {
     if (std::uint64_t v = rt_.snapshot_version(); v != snap_version_) {

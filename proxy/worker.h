@@ -47,6 +47,9 @@ struct ServerState {
 };
 
 class Session;
+namespace idem {
+struct Keyed;  // issue 30: proxy/idempotency.h
+}
 
 // One request's values that its stages share (session.cpp: check, route, admit; relay.cpp:
 // forward). It lives in the frame of the request's coroutine (Session::handle), so a connection
@@ -66,6 +69,7 @@ struct RequestState {
   std::optional<AuthorityCheck> authority;  // the route's election authority's verdict on the token
   Decision decision;                        // the fence's, once asked
   Admission admission;                      // the admission decision
+  std::shared_ptr<idem::Keyed> idem;        // issue 30: a keyed write recorded in flight (else null)
 };
 
 // What a connection needs only while it is not parked: buffers and the parsed heads. Leased

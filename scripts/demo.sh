@@ -7,7 +7,14 @@
 # ledger; A is paused (SIGSTOP) past its lease, as in a GC pause; B is elected with a higher token,
 # fences the ledger and charges the rest; A resumes and its charge is rejected with 409, and its job
 # is stopped when it notices it lost the lease. The audit log shows the rejected write; the ledger
-# shows each customer charged exactly once. Cleans up after itself; exits 0 iff that all held.
+# shows each customer charged exactly once.
+#
+# Then the design's second failure, "candidate is elected before catch-up" (issue 30): worker-b
+# runs December's billing with operation IDs (Idempotency-Key "charge:<customer>:<period>") and
+# dies after two charges; worker-c is elected, restores an old checkpoint and re-runs every
+# customer. Fencing admits worker-c's writes (it is the leader); idempotency replays the results of
+# the charges worker-b already made; the ledger shows every customer charged once for December.
+# Cleans up after itself; exits 0 iff that all held.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,8 +51,13 @@ etcd --name demo --data-dir "$work/etcd" --listen-client-urls "$etcd_url" --adve
   --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
   --initial-cluster "demo=http://127.0.0.1:$peer_port" >"$work/etcd.log" 2>&1 & pids+=($!)
 python3 examples/ledger_upstream.py "$up_port" & pids+=($!)
-"$fg" serve --listen "127.0.0.1:$fg_port" --admin-listen "127.0.0.1:$admin_port" --upstream "http://127.0.0.1:$up_port" \
-  --resource ledger --db "$work/fence.db" 2>"$work/fencegate.log" & pids+=($!)
+# One route "/" -> the ledger, resource "ledger", enforce mode; operation IDs on (issue 30:
+# "idempotency": {} keys writes that carry an Idempotency-Key; writes without one pass as before).
+cat >"$work/fencegate.json" <<JSON
+{"listen": "127.0.0.1:$fg_port", "db": "$work/fence.db", "admin": {"listen": "127.0.0.1:$admin_port"},
+ "routes": [{"prefix": "/", "upstream": "http://127.0.0.1:$up_port", "resource": "ledger", "idempotency": {}}]}
+JSON
+"$fg" serve --config "$work/fencegate.json" 2>"$work/fencegate.log" & pids+=($!)
 wait_for 20 curl -sf -o /dev/null "$etcd_url/health"
 wait_for 10 curl -sf -o /dev/null "$ledger/ledger"
 mkdir -p "$work/state"
@@ -103,4 +115,39 @@ if bad or set(counts) != want:
 [ "$a_exit" -eq 75 ] || { echo "demo: worker-a should have exited 75 (lost leadership), got $a_exit" >&2; exit 1; }
 "$fg" audit --db "$work/fence.db" --json --decision rejected_stale | grep -q '"leader":"worker-a"' ||
   { echo "demo: the rejected write is missing from the audit log" >&2; exit 1; }
-say "Done: the stale leader's write never reached the ledger."
+
+say "7. The second failure: a candidate elected before it caught up. worker-b runs December's billing,"
+echo "   now with operation IDs: each charge carries Idempotency-Key \"charge:<customer>:2026-12\"."
+for c in alice bob; do
+  code=$(curl -s -o /dev/null -w '%{http_code}' -X POST -H "Fencing-Token: $b_token" -H "Fencing-Leader: worker-b" \
+    -H "Idempotency-Key: \"charge:$c:2026-12\"" --data "charge $c 2026-12" "$ledger/charges/$c?period=2026-12")
+  echo "   worker-b charged $c for 2026-12 -> $code"
+done
+echo "   worker-b checkpoints only every hour, and crashes before its next checkpoint."
+kill "$b_pid"; wait "$b_pid" 2>/dev/null || true
+say "8. worker-c is elected, fences the ledger, restores the hour-old checkpoint (nobody charged for"
+echo "   December yet) and re-runs every customer with the same operation IDs."
+"$fg" elect --etcd "$etcd_url" --election billing --id worker-c --ttl 2 --fence "$admin/v1/resources/ledger" \
+  -- examples/billing_rerun.sh "$ledger" "$work/state" 2026-12 alice bob carol dave 2>"$work/worker-c.log" &
+c_pid=$!; pids+=($c_pid)
+wait_for 30 grep -qs "^done" "$work/state/worker-c.log"
+c_token=$(cat "$work/state/worker-c.token")
+echo "   worker-c holds token $c_token (the sidecar's generation is $(generation)): fencing admits its writes."
+grep -v "^done" "$work/state/worker-c.log" | sed 's/^\([a-z]*\) \([0-9]*\)/   worker-c charged \1 -> \2/'
+echo "   alice and bob were answered with worker-b's recorded results (Idempotent-Replayed: true),"
+echo "   without reaching the ledger; carol and dave were charged."
+say "9. The ledger for December: every customer charged once, whoever led."
+curl -s "$ledger/ledger" | python3 -c '
+import json, sys, collections
+rows = [r for r in json.load(sys.stdin)["ledger"] if r["target"].endswith("?period=2026-12")]
+for r in rows: print("   %-30s token %-3s by %s" % (r["target"], r["token"], r["leader"]))
+counts = collections.Counter(r["target"] for r in rows)
+want = {"/charges/%s?period=2026-12" % c for c in ("alice", "bob", "carol", "dave")}
+bad = {t: n for t, n in counts.items() if n != 1}
+if bad or set(counts) != want:
+    print("   NOT exactly once:", bad or sorted(want - set(counts))); sys.exit(1)'
+grep -q "^alice 200 (replayed)" "$work/state/worker-c.log" && grep -q "^bob 200 (replayed)" "$work/state/worker-c.log" ||
+  { echo "demo: worker-c's re-run of alice and bob should have been replayed" >&2; exit 1; }
+echo "   The operation IDs the sidecar holds (fencegate keys, read-only while it runs):"
+"$fg" keys --db "$work/fence.db" | sed 's/^/   /'
+say "Done: the stale leader's write never reached the ledger, and the new leader's re-run charged nobody twice."

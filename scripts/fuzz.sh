@@ -15,7 +15,7 @@ seconds="${1:-60}"
 case "$seconds" in
   '' | *[!0-9]*) echo "usage: scripts/fuzz.sh [seconds-per-target]" >&2; exit 2 ;;
 esac
-targets=(${FUZZ_TARGETS:-token head body router config time})
+targets=(${FUZZ_TARGETS:-token head body router config time idempotency_key})
 
 ./scripts/setup.sh
 

@@ -155,7 +155,7 @@ TEST_CASE("a fresh database gets schema version 1 and empty tables") {
     CHECK(fs::exists(t.db() + ".lock"));
   }
   CHECK_FALSE(fs::exists(t.db() + "-wal"));  // clean close checkpoints the WAL into the file
-  CHECK(header_user_version(t.db()) == 1);
+  CHECK(header_user_version(t.db()) == Store::kSchemaVersion);
 }
 
 TEST_CASE("advance raises and never lowers; advanced_at/by change only when raised") {

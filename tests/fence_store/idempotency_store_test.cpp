@@ -1,0 +1,228 @@
+// Issue 30: the idempotency key table of the fence store: begin (record in flight, or find the
+// live row, or refuse at the per-resource limit), settle, release, expiry in the background, and
+// in-flight keys becoming unknown at the next start.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "fence_store/store.h"
+#include "tests/support/store_fixture.h"
+
+using namespace fencegate::store;
+using fencegate::testing::must_open;
+using fencegate::testing::StoreDir;
+
+namespace {
+
+std::int64_t now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+KeyRecord rec(const std::string& resource, const std::string& key, std::int64_t ttl_ms = 60000) {
+  KeyRecord r;
+  r.resource = resource;
+  r.key = key;
+  r.fingerprint = "fp-" + key;
+  r.generation = 3;
+  r.created_ms = now_ms();
+  r.expires_ms = r.created_ms + ttl_ms;
+  return r;
+}
+
+KeyBeginResult begin(Store& s, KeyRecord r, std::uint64_t max_keys = 100) {
+  std::promise<KeyBeginResult> p;
+  s.key_begin(std::move(r), max_keys, [&p](KeyBeginResult res) { p.set_value(std::move(res)); });
+  return p.get_future().get();
+}
+
+Status settle(Store& s, KeyRecord r) {
+  std::promise<Status> p;
+  s.key_settle(std::move(r), [&p](Status st) { p.set_value(st); });
+  return p.get_future().get();
+}
+
+Status release(Store& s, const std::string& resource, const std::string& key) {
+  std::promise<Status> p;
+  s.key_release(resource, "", key, [&p](Status st) { p.set_value(st); });
+  return p.get_future().get();
+}
+
+std::int64_t count_of(const Store& s, const std::string& resource) {
+  for (const auto& [r, n] : s.key_counts())
+    if (r == resource) return n;
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("idempotency store: begin records in flight once; a second begin finds the row") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  auto a = begin(*s, rec("r", "k1"));
+  REQUIRE(a.status.ok());
+  CHECK(a.outcome == KeyBegin::started);
+  auto b = begin(*s, rec("r", "k1"));
+  REQUIRE(b.status.ok());
+  CHECK(b.outcome == KeyBegin::exists);
+  CHECK(b.existing.state == KeyState::in_flight);
+  CHECK(b.existing.fingerprint == "fp-k1");
+  CHECK(b.existing.generation == 3);
+  // Another resource, or another scope, is another key.
+  CHECK(begin(*s, rec("other", "k1")).outcome == KeyBegin::started);
+  KeyRecord scoped = rec("r", "k1");
+  scoped.scope = "10.0.0.1";
+  CHECK(begin(*s, scoped).outcome == KeyBegin::started);
+  CHECK(count_of(*s, "r") == 2);
+  CHECK(count_of(*s, "other") == 1);
+}
+
+TEST_CASE("idempotency store: settle completes with the response; release deletes") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  REQUIRE(begin(*s, rec("r", "k")).outcome == KeyBegin::started);
+  KeyRecord done = rec("r", "k");
+  done.state = KeyState::completed;
+  done.status = 201;
+  done.headers = "Content-Type: text/plain\r\n";
+  done.body = std::string("body\0bytes", 10);
+  REQUIRE(settle(*s, done).ok());
+  auto b = begin(*s, rec("r", "k"));
+  REQUIRE(b.outcome == KeyBegin::exists);
+  CHECK(b.existing.state == KeyState::completed);
+  CHECK(b.existing.status == 201);
+  CHECK(b.existing.headers == "Content-Type: text/plain\r\n");
+  CHECK(b.existing.body == std::string("body\0bytes", 10));
+  KeyRecord got;
+  Status st = Status::Error("unset");
+  REQUIRE(s->key_get("r", "", "k", &got, &st));
+  CHECK(st.ok());
+  CHECK(got.state == KeyState::completed);
+  CHECK(got.expires_ms > got.created_ms);
+  // A settle of a row no longer in flight changes nothing.
+  KeyRecord late = rec("r", "k");
+  late.state = KeyState::unknown;
+  REQUIRE(settle(*s, late).ok());
+  REQUIRE(s->key_get("r", "", "k", &got, &st));
+  CHECK(got.state == KeyState::completed);
+  REQUIRE(release(*s, "r", "k").ok());
+  CHECK_FALSE(s->key_get("r", "", "k", &got, &st));
+  CHECK(st.ok());
+  CHECK(count_of(*s, "r") == 0);
+  CHECK(begin(*s, rec("r", "k")).outcome == KeyBegin::started);
+}
+
+TEST_CASE("idempotency store: the per-resource limit refuses new keys, evicting nothing") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  CHECK(begin(*s, rec("r", "a"), 2).outcome == KeyBegin::started);
+  CHECK(begin(*s, rec("r", "b"), 2).outcome == KeyBegin::started);
+  CHECK(begin(*s, rec("r", "c"), 2).outcome == KeyBegin::limit);
+  CHECK(begin(*s, rec("r", "a"), 2).outcome == KeyBegin::exists);  // an existing key is still found
+  CHECK(begin(*s, rec("q", "c"), 2).outcome == KeyBegin::started);  // per resource
+  KeyRecord got;
+  CHECK(s->key_get("r", "", "a", &got, nullptr));
+  CHECK(s->key_get("r", "", "b", &got, nullptr));
+  CHECK_FALSE(s->key_get("r", "", "c", &got, nullptr));
+}
+
+TEST_CASE("idempotency store: expired keys are removed in the background and may be used again") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  REQUIRE(begin(*s, rec("r", "old", 200)).outcome == KeyBegin::started);
+  REQUIRE(begin(*s, rec("r", "live")).outcome == KeyBegin::started);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Expired but not yet removed: a begin takes it over as new.
+  CHECK(begin(*s, rec("r", "old", 200)).outcome == KeyBegin::started);
+  KeyRecord got;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (s->key_get("r", "", "old", &got, nullptr) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(s->key_get("r", "", "old", &got, nullptr));
+  CHECK(s->key_get("r", "", "live", &got, nullptr));
+  CHECK(count_of(*s, "r") == 1);
+}
+
+TEST_CASE("idempotency store: keys survive a restart; keys in flight become unknown") {
+  StoreDir t;
+  {
+    auto s = must_open(t.db());
+    REQUIRE(begin(*s, rec("r", "done")).outcome == KeyBegin::started);
+    KeyRecord d = rec("r", "done");
+    d.state = KeyState::completed;
+    d.status = 200;
+    REQUIRE(settle(*s, d).ok());
+    REQUIRE(begin(*s, rec("r", "flying")).outcome == KeyBegin::started);
+  }
+  auto s = must_open(t.db());
+  KeyRecord got;
+  REQUIRE(s->key_get("r", "", "done", &got, nullptr));
+  CHECK(got.state == KeyState::completed);
+  REQUIRE(s->key_get("r", "", "flying", &got, nullptr));
+  CHECK(got.state == KeyState::unknown);
+  CHECK(count_of(*s, "r") == 2);
+  Status st = Status::Error("unset");
+  auto all = s->key_list("", "", "", 10, &st);
+  CHECK(st.ok());
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].key == "done");
+  CHECK(all[1].key == "flying");
+  s.reset();
+  // Read-only readers (fencegate keys) see them too.
+  std::string err;
+  auto ro = Store::open_readonly(t.db(), &err);
+  REQUIRE(ro);
+  CHECK(ro->key_list("r", "", "", 10, &st).size() == 2);
+  CHECK(ro->key_get("r", "", "done", &got, &st));
+}
+
+TEST_CASE("idempotency store: a failed commit records nothing and says so") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  s->inject_commit_failure(true);
+  auto a = begin(*s, rec("r", "k"));
+  CHECK_FALSE(a.status.ok());
+  s->inject_commit_failure(false);
+  KeyRecord got;
+  CHECK_FALSE(s->key_get("r", "", "k", &got, nullptr));
+  CHECK(count_of(*s, "r") == 0);
+  CHECK(begin(*s, rec("r", "k")).outcome == KeyBegin::started);
+}
+
+TEST_CASE("idempotency store: completed keys are answered from memory until released or expired") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  KeyRecord got;
+  REQUIRE(begin(*s, rec("r", "k")).outcome == KeyBegin::started);
+  CHECK_FALSE(s->key_cached("r", "", "k", &got));  // in flight: not cached
+  KeyRecord done = rec("r", "k", 400);
+  done.state = KeyState::completed;
+  done.status = 201;
+  done.body = "b";
+  REQUIRE(settle(*s, done).ok());
+  REQUIRE(s->key_cached("r", "", "k", &got));
+  CHECK(got.status == 201);
+  CHECK(got.body == "b");
+  CHECK(got.fingerprint == "fp-k");
+  REQUIRE(release(*s, "r", "k").ok());
+  CHECK_FALSE(s->key_cached("r", "", "k", &got));
+  // Expired: not answered from memory.
+  REQUIRE(begin(*s, rec("r", "e", 200)).outcome == KeyBegin::started);
+  KeyRecord e = rec("r", "e", 200);
+  e.state = KeyState::completed;
+  e.status = 200;
+  REQUIRE(settle(*s, e).ok());
+  CHECK(s->key_cached("r", "", "e", &got));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK_FALSE(s->key_cached("r", "", "e", &got));
+  // A failed settle caches nothing.
+  REQUIRE(begin(*s, rec("r", "f")).outcome == KeyBegin::started);
+  s->inject_commit_failure(true);
+  KeyRecord f = rec("r", "f");
+  f.state = KeyState::completed;
+  CHECK_FALSE(settle(*s, f).ok());
+  s->inject_commit_failure(false);
+  CHECK_FALSE(s->key_cached("r", "", "f", &got));
+}
