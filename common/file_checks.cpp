@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -119,6 +120,16 @@ std::string check_db_location(const std::string& given, std::string* real) {
              "(remove it)";
     if (auto e = owner_problem("database " + shown + ": " + side, st); !e.empty()) return e;
   }
+  return {};
+}
+
+std::string read_secret_trimmed(const std::string& path, std::string* text) {
+  std::string t;
+  if (auto e = read_secret_file(path, &t); !e.empty()) return e;
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  std::size_t lead = 0;
+  while (lead < t.size() && std::isspace(static_cast<unsigned char>(t[lead]))) ++lead;
+  *text = t.substr(lead);
   return {};
 }
 

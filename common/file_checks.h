@@ -20,6 +20,8 @@ inline constexpr std::size_t kMinTokenBytes = 16;
 // checked is the file's. Returns "" with *text set, or the reason (naming the path, never the
 // contents).
 std::string read_secret_file(const std::string& path, std::string* text);
+// read_secret_file, with white space (a trailing newline) trimmed from both ends.
+std::string read_secret_trimmed(const std::string& path, std::string* text);
 
 // The suffixes of the files SQLite and fencegate keep beside a database.
 inline constexpr const char* kDbSideSuffixes[] = {"-wal", "-shm", ".lock"};

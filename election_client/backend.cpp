@@ -134,11 +134,7 @@ bool parse_coordinator(const std::string& url, Coordinator* out, std::string* wh
 
 std::string read_coordinator_auth(const std::string& path, Coordinator* c) {
   std::string t;
-  if (auto e = files::read_secret_file(path, &t); !e.empty()) return e;
-  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-  std::size_t lead = 0;
-  while (lead < t.size() && std::isspace(static_cast<unsigned char>(t[lead]))) ++lead;
-  t.erase(0, lead);
+  if (auto e = files::read_secret_trimmed(path, &t); !e.empty()) return e;
   if (t.empty()) return path + " is empty";
   for (char ch : t)
     if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f)

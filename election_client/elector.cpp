@@ -450,11 +450,7 @@ int Elect::run() {
 
 std::string load_token_file(const std::string& path, std::string* token) {
   std::string t;
-  if (auto e = files::read_secret_file(path, &t); !e.empty()) return e;
-  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
-  std::size_t lead = 0;
-  while (lead < t.size() && std::isspace(static_cast<unsigned char>(t[lead]))) ++lead;
-  t.erase(0, lead);
+  if (auto e = files::read_secret_trimmed(path, &t); !e.empty()) return e;
   if (t.empty()) return path + " holds no token";
   if (std::any_of(t.begin(), t.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; }))
     return "the token in " + path + " has a control character inside (such as a CR or LF); it must be one line";

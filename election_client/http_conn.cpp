@@ -90,6 +90,19 @@ struct HttpConnection::Impl {
   const HttpUrl& ep() const { return opt.endpoints[cur]; }
   void advance() { cur = (cur + 1) % opt.endpoints.size(); }
 
+  // An attempt on `origin` that got no answer: the connection is dropped and the failure added
+  // to `errors`. A kept-alive connection the server had already closed is retried on the same
+  // endpoint once; not after a timeout (a member that hangs would get every later call too).
+  // Returns true iff there is time left for another attempt.
+  bool failed(const Attempt& a, bool was_reused, const std::string& origin, std::string& errors,
+              Clock::time_point deadline) {
+    drop();
+    if (!errors.empty()) errors += "; ";
+    errors += origin + ": " + (a.ec == beast::error::timeout ? std::string("timed out") : a.ec.message());
+    if (!was_reused || a.ec == beast::error::timeout) advance();
+    return Clock::now() < deadline;
+  }
+
   void drop() {
     if (stream) {
       beast::error_code ig;
@@ -280,13 +293,7 @@ Status HttpConnection::post(std::string_view target, std::string_view body, std:
       return Status::Cancelled();
     }
     if (!a.ec && a.responded) return Status::OK();
-    m.drop();
-    if (!errors.empty()) errors += "; ";
-    errors += origin + ": " + (a.ec == beast::error::timeout ? std::string("timed out") : a.ec.message());
-    // A kept-alive connection the server had already closed: retry the same endpoint once. Not
-    // after a timeout: a member that hangs would get every later call too.
-    if (!was_reused || a.ec == beast::error::timeout) m.advance();
-    if (Clock::now() >= deadline) break;
+    if (!m.failed(a, was_reused, origin, errors, deadline)) break;
   }
   return Status::Unavailable(errors);
 }
@@ -317,11 +324,7 @@ Status HttpConnection::stream(std::string_view target, std::string_view body, st
       return Status::Unavailable(
           origin + ": stream broke: " + (a.ec == beast::error::timeout ? std::string("idle timeout") : a.ec.message()));
     }
-    m.drop();
-    if (!errors.empty()) errors += "; ";
-    errors += origin + ": " + (a.ec == beast::error::timeout ? std::string("timed out") : a.ec.message());
-    if (!was_reused || a.ec == beast::error::timeout) m.advance();
-    if (Clock::now() >= deadline) break;
+    if (!m.failed(a, was_reused, origin, errors, deadline)) break;
   }
   return Status::Unavailable(errors);
 }

@@ -125,17 +125,14 @@ class Reader {
                                " ORDER BY resource",
                                &load_all_, status))
       return out;
-    int rc;
-    while ((rc = sqlite3_step(load_all_)) == SQLITE_ROW) {
+    return rows<ResourceState>(load_all_, status, [&] {
       ResourceState s;
       s.resource = col_text(load_all_, 0);
       s.generation = sqlite3_column_int64(load_all_, 1);
       s.advanced_at_ms = sqlite3_column_int64(load_all_, 2);
       s.advanced_by = col_text(load_all_, 3);
-      out.push_back(std::move(s));
-    }
-    finish(load_all_, rc, status);
-    return out;
+      return s;
+    });
   }
 
   std::vector<AuditRecord> query_audit(const AuditQuery& q, Status* status) {
@@ -160,9 +157,7 @@ class Reader {
     if (mask & kAfter) sqlite3_bind_int64(st, idx(":after"), q.after_id);
     const int limit = clamp_limit(q.limit);
     sqlite3_bind_int(st, idx(":limit"), limit);
-    out.reserve(static_cast<std::size_t>(limit));
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    return rows<AuditRecord>(st, status, [&] {
       AuditRecord r;
       r.id = sqlite3_column_int64(st, 0);
       r.row.time_ms = sqlite3_column_int64(st, 1);
@@ -178,10 +173,8 @@ class Reader {
       r.row.user_agent = col_text(st, 11);
       r.row.traceparent = col_text(st, 12);
       r.row.client_identity = col_text(st, 13);
-      out.push_back(std::move(r));
-    }
-    finish(st, rc, status);
-    return out;
+      return r;
+    });
   }
 
   std::vector<UnfencedGroup> query_unfenced(const std::string& resource, std::int64_t since_ms, int limit,
@@ -194,8 +187,7 @@ class Reader {
     if (mask & kUnfencedResource) bind_text(st, idx(":resource"), resource);
     if (mask & kUnfencedSince) sqlite3_bind_int64(st, idx(":since"), since_ms);
     sqlite3_bind_int(st, idx(":limit"), clamp_limit(limit));
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    return rows<UnfencedGroup>(st, status, [&] {
       UnfencedGroup g;
       g.resource = col_text(st, 0);
       g.client = col_text(st, 1);
@@ -204,10 +196,8 @@ class Reader {
       g.count = sqlite3_column_int64(st, 4);
       g.first_ms = sqlite3_column_int64(st, 5);
       g.last_ms = sqlite3_column_int64(st, 6);
-      out.push_back(std::move(g));
-    }
-    finish(st, rc, status);
-    return out;
+      return g;
+    });
   }
 
   // Issue 30: idempotency keys.
@@ -247,17 +237,25 @@ class Reader {
     bind_text(st, 2, after_resource);
     bind_text(st, 3, after_key);
     sqlite3_bind_int(st, 4, clamp_limit(limit));
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+    return rows<KeyRecord>(st, status, [&] {
       KeyRecord r;
       read_key_row(st, &r);
-      out.push_back(std::move(r));
-    }
+      return r;
+    });
+  }
+
+ private:
+  // Steps `st` to its end, each row made into a T by `read` (which reads the current row of
+  // `st`); *status says how the query ended.
+  template <class T, class Read>
+  std::vector<T> rows(sqlite3_stmt* st, Status* status, Read read) {
+    std::vector<T> out;
+    int rc;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) out.push_back(read());
     finish(st, rc, status);
     return out;
   }
 
- private:
   bool prepare(const char* sql, sqlite3_stmt** st, Status* status) {
     if (sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, st, nullptr) == SQLITE_OK) return true;
     *st = nullptr;

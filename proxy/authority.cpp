@@ -35,6 +35,17 @@ std::string printable_or(const std::string& v, const std::string& fallback) {
   return v;
 }
 
+// Logs a change of an authority's reachability, once per change.
+void note_reachability(const std::string& election, const Authority::Health& s, bool& was_available, const char* up,
+                       const char* down) {
+  if (s.available == was_available) return;
+  if (s.available) log::info(up, {log::kv("election", election), log::kv("leader", s.leader)});
+  else
+    log::warn(down, {log::kv("election", election), log::kv("window_ms", s.window_ms),
+                     log::kv("ms_since_contact", s.ms_since_contact)});
+  was_available = s.available;
+}
+
 }  // namespace
 
 std::string_view to_string(AuthorityVerdict v) {
@@ -408,17 +419,8 @@ void Authority::polled_loop() {
       if (stopping_) break;
     }
     resync_polled();
-    Health s = health();
-    if (s.available != was_available) {
-      if (s.available)
-        log::info("authority: coordinator reachable",
-                  {log::kv("election", cfg_.election), log::kv("leader", s.leader)});
-      else
-        log::warn("authority: coordinator unreachable beyond the window; fenced writes get 503",
-                  {log::kv("election", cfg_.election), log::kv("window_ms", s.window_ms),
-                   log::kv("ms_since_contact", s.ms_since_contact)});
-      was_available = s.available;
-    }
+    note_reachability(cfg_.election, health(), was_available, "authority: coordinator reachable",
+                      "authority: coordinator unreachable beyond the window; fenced writes get 503");
     std::unique_lock lk(mu_);
     cv_.wait_for(lk, std::clamp(window_locked() / 3, kMinProbe, kMaxProbe), [&] { return stopping_; });
   }
@@ -466,16 +468,8 @@ void Authority::loop() {
     }
     fetch_ttl();
 
-    Health s = health();
-    if (s.available != was_available) {
-      if (s.available)
-        log::info("authority: etcd reachable", {log::kv("election", cfg_.election), log::kv("leader", s.leader)});
-      else
-        log::warn("authority: etcd unreachable beyond the leader's lease window; fenced writes get 503",
-                  {log::kv("election", cfg_.election), log::kv("window_ms", s.window_ms),
-                   log::kv("ms_since_contact", s.ms_since_contact)});
-      was_available = s.available;
-    }
+    note_reachability(cfg_.election, health(), was_available, "authority: etcd reachable",
+                      "authority: etcd unreachable beyond the leader's lease window; fenced writes get 503");
 
     std::unique_lock lk(mu_);
     auto every = std::clamp(window_locked() / 3, kMinProbe, kMaxProbe);

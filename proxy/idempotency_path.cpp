@@ -13,6 +13,7 @@
 
 #include "common/log.h"
 #include "proxy/session.h"
+#include "proxy/traceparent.h"
 
 namespace fencegate::proxy {
 
@@ -24,6 +25,26 @@ std::int64_t unix_ms() {
 }
 
 std::string clip(std::string_view v, std::size_t n) { return std::string(v.substr(0, n)); }
+
+// The audit row of a keyed write's decision here (a refusal, or a would-be replay).
+store::AuditRow keyed_row(const RequestState& rq, const RequestHead& head, const std::string& client,
+                          const std::string& identity, const std::string& resource, std::string decision,
+                          const char* mode) {
+  store::AuditRow row;
+  row.resource = resource;
+  row.decision = std::move(decision);
+  row.presented_generation = rq.token.generation;
+  row.current_generation = rq.fence.generation.value_or(0);
+  row.method = std::string(head.method);
+  row.target = clip(head.target, 2048);
+  row.client = client;
+  row.leader = rq.token.leader;
+  row.mode = mode;
+  row.user_agent = clip(head.user_agent(), 512);
+  row.traceparent = traceparent_of(head);
+  row.client_identity = identity;
+  return row;
+}
 
 }  // namespace
 
@@ -103,17 +124,7 @@ task<bool> Session::idem_refuse(RequestState& rq, const Problem& p, const char* 
              log::kv("target", sc_->head.target.substr(0, 256))});
   Problem answer = p;  // (p may be sc_->problem)
   if (decision[0] != '\0') {
-    store::AuditRow row;
-    row.resource = resource;
-    row.decision = decision;
-    row.presented_generation = rq.token.generation;
-    row.current_generation = rq.fence.generation.value_or(0);
-    row.method = std::string(sc_->head.method);
-    row.target = clip(sc_->head.target, 2048);
-    row.client = client_ip_;
-    row.leader = rq.token.leader;
-    row.mode = "enforce";
-    row.user_agent = clip(sc_->head.user_agent(), 512);
+    store::AuditRow row = keyed_row(rq, sc_->head, client_ip_, client_identity_, resource, decision, "enforce");
     store::Status st = co_await audit_sync(row);
     if (!st.ok()) {
       answer = idem::store_failed("the refusal's audit row could not be made durable: " + st.message());
@@ -224,17 +235,7 @@ task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
   if (observe) {
     if (old.state == store::KeyState::completed && same) {
       rt_.metrics.count(resource, IdemOutcome::would_replay);
-      store::AuditRow row;
-      row.resource = resource;
-      row.decision = "would_replay";
-      row.presented_generation = rq.token.generation;
-      row.current_generation = rq.fence.generation.value_or(0);
-      row.method = std::string(sc_->head.method);
-      row.target = clip(sc_->head.target, 2048);
-      row.client = client_ip_;
-      row.leader = rq.token.leader;
-      row.mode = "observe";
-      row.user_agent = clip(sc_->head.user_agent(), 512);
+      store::AuditRow row = keyed_row(rq, sc_->head, client_ip_, client_identity_, resource, "would_replay", "observe");
       rt_.store.append_audit(std::move(row), nullptr);
       log::info("would replay write", {log::kv("decision", "would_replay"), log::kv("resource", resource),
                                        log::kv("key", rec.key), log::kv("client", client_ip_)});
