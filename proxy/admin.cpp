@@ -23,6 +23,7 @@
 #include "proxy/listener.h"
 #include "proxy/local_reply.h"
 #include "common/log.h"
+#include "proxy/fleet.h"
 #include "proxy/metrics.h"
 #include "proxy/runtime.h"
 #include "proxy/timefmt.h"
@@ -651,6 +652,12 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
     if (!get) co_return method_not_allowed();
     co_return metrics();
   }
+  if (path == "/v1/fleet" && rt.fleet) {  // fleet (docs/fleet.md)
+    if (!get) co_return method_not_allowed();
+    Reply r;
+    r.body = rt.fleet->status_json();
+    co_return r;
+  }
   if (path == "/v1/resources") {
     if (!get) co_return method_not_allowed();
     co_return co_await net::co_spawn(admin_.queries, on_query_thread(Query::resources, {}, {}), use_awaitable);
@@ -707,6 +714,8 @@ Reply AdminSession::readyz() {
   std::string why;
   if (!rt.store_ok(&why)) return json_reply(503, {{"status", "not ready"}, {"reason", "store: " + why}});
   if (!rt.snapshot()) return json_reply(503, {{"status", "not ready"}, {"reason", "no config loaded"}});
+  if (rt.fleet && !rt.fleet->member())  // fleet (docs/fleet.md)
+    return json_reply(503, {{"status", "not ready"}, {"reason", "not a member of the fleet"}});
   return json_reply(200, {{"status", "ready"}});
 }
 
@@ -715,6 +724,7 @@ Reply AdminSession::metrics() {
   std::string out;
   out.reserve(8192);
   rt.metrics.render(out);
+  if (rt.fleet) rt.fleet->render_metrics(out);  // fleet (docs/fleet.md)
   auto views = rt.fence.snapshot();
   auto stats = rt.fence.stats();
   out += "# HELP fencegate_generation Current durable generation per resource (labelled resources only).\n";

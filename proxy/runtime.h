@@ -26,6 +26,7 @@ namespace fencegate::proxy {
 class Fence;
 class Metrics;
 class Authorities;
+class Fleet;
 
 struct UpstreamAddr {
   std::string ip;
@@ -57,6 +58,7 @@ class Runtime {
   Metrics& metrics;
   std::atomic<bool> stopping{false};
   Authorities* authorities = nullptr;  // election authorities of routes; set before traffic
+  Fleet* fleet = nullptr;  // fleet (docs/fleet.md); nullptr without "fleet"; set before traffic
 
   std::shared_ptr<const Snapshot> snapshot() const {
     std::lock_guard lk(mu_);

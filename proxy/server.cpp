@@ -19,6 +19,7 @@
 
 #include "proxy/admin.h"
 #include "proxy/authority.h"
+#include "proxy/fleet.h"
 #include "proxy/listener.h"
 #include "proxy/session.h"
 
@@ -138,7 +139,14 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
     return 1;
   }
   store->set_retention(static_cast<std::int64_t>(cfg->audit.max_age.count()) * 1000, cfg->audit.max_rows);
+  // Fleet (docs/fleet.md): the fence's generations live in etcd, shared with the other replicas.
+  std::unique_ptr<Fleet> fleet;
+  if (cfg->fleet.enabled()) {
+    fleet = std::make_unique<Fleet>(*cfg);
+    store = fleet->wrap(std::move(store));
+  }
   auto fence = std::make_unique<Fence>(*store, cfg->drain_timeout, cfg->max_resources);
+  if (fleet) fleet->attach(*fence);
   fence->set_observe_cap(cfg->upstream_timeout);
   if (!fence->load(&err)) {
     log::error("cannot load generations", {log::kv("db", cfg->db), log::kv("error", err)});
@@ -163,6 +171,8 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   ServerState st(rt);
   st.authorities = &authorities;
   rt.authorities = &authorities;
+  rt.fleet = fleet.get();
+  if (fleet) fleet->start();
 
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < std::max(1, cfg->threads); ++i) workers.push_back(std::make_unique<Worker>());
@@ -227,6 +237,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   for (auto& t : threads) t.join();
   admin->stop();
   authorities.stop();
+  if (fleet) fleet->stop();
 
   settle_store_and_fence(std::move(store), *fence);
   log::info("stopped");

@@ -1,0 +1,236 @@
+// Fleet (docs/fleet.md, issue 33) end to end: a real etcd (one member), three `fencegate serve`
+// replicas with "fleet" in their config, one recording upstream. Checks guarantees 1-5 at the
+// upstream's own record.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "tests/election/etcd_harness.h"
+#include "tests/support/http_client.h"
+#include "tests/support/upstream.h"
+
+using namespace fencegate::testing;
+using fencegate::election::Client;
+using fencegate::election::KeyValue;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr int kTtlMs = 2000;
+
+class Replica {
+ public:
+  Replica(const EtcdServer& etcd, const std::string& upstream, const std::string& fleet, const std::string& member,
+          int drain_ms = 8000)
+      : dir_(std::make_unique<TempDir>("fencegate-fleet")), port_(free_port()), admin_port_(free_port()) {
+    while (admin_port_ == port_) admin_port_ = free_port();
+    json c = {{"listen", "127.0.0.1:" + std::to_string(port_)},
+              {"db", dir_->file("fence.db")},
+              {"threads", 2},
+              {"drain_timeout_ms", drain_ms},
+              {"admin", {{"listen", "127.0.0.1:" + std::to_string(admin_port_)}}},
+              {"routes", {{{"prefix", "/"}, {"upstream", upstream}, {"resource", "ledger"}, {"mode", "enforce"}}}},
+              {"fleet", {{"etcd", {etcd.url()}}, {"name", fleet}, {"member", member}, {"ttl_ms", kTtlMs}}}};
+    write_file(dir_->file("fencegate.json"), c.dump(2));
+  }
+  bool start() {
+    ProcessOptions o;
+    o.log_path = dir_->file("fencegate.log");
+    process_ =
+        std::make_unique<Process>(Process::start({kFencegate, "serve", "--config", dir_->file("fencegate.json")}, o));
+    return process_->wait_for_port(port_, 15s) && process_->wait_for_port(admin_port_, 15s) &&
+           eventually([&] { return admin("/readyz").code() == 200; }, 15s);
+  }
+  void signal(int sig) { process_->kill(sig); }
+  std::uint16_t port() const { return port_; }
+  std::string log() const { return "fencegate log:\n" + read_file(dir_->file("fencegate.log"), 16 * 1024); }
+
+  ReadResult write(std::int64_t g, std::chrono::milliseconds timeout = 15s) const {
+    return request(port_, "POST", "/ledger/charge", {{"Fencing-Token", std::to_string(g)}}, "{\"amount\": 1}", timeout);
+  }
+  ReadResult admin(const std::string& target) const { return request(admin_port_, "GET", target, {}, {}, 5s); }
+  // A metric's value from /metrics (-1 if absent).
+  double metric(const std::string& name) const {
+    ReadResult r = admin("/metrics");
+    if (!r.ok()) return -1;
+    const std::string& b = r.response.body;
+    for (std::size_t at = b.find(name + " "); at != std::string::npos; at = b.find(name + " ", at + 1))
+      if (at == 0 || b[at - 1] == '\n') return std::stod(b.substr(at + name.size() + 1));
+    return -1;
+  }
+
+ private:
+  std::unique_ptr<TempDir> dir_;
+  std::uint16_t port_, admin_port_;
+  std::unique_ptr<Process> process_;
+};
+
+std::string problem_type(const ReadResult& r) {
+  json j = json::parse(r.response.body, nullptr, false);
+  return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "";
+}
+
+// Tokens of the requests the upstream received, in order of receipt.
+std::vector<std::int64_t> tokens(const RecordingUpstream& up) {
+  std::vector<std::int64_t> out;
+  for (const auto& r : up.requests()) out.push_back(r.fencing_token().value_or(-1));
+  return out;
+}
+
+// Guarantee 3 at the upstream: no request of a lower generation arrives after one of a higher.
+void check_monotonic(const RecordingUpstream& up) {
+  std::int64_t high = 0;
+  for (const auto& r : up.requests()) {
+    const std::int64_t g = r.fencing_token().value_or(0);
+    CHECK_MESSAGE(g >= high, "generation ", g, " reached the upstream after generation ", high);
+    high = std::max(high, g);
+  }
+}
+
+std::int64_t etcd_fence(const EtcdServer& etcd, const std::string& fleet) {
+  Client c(client_options(etcd));
+  std::vector<KeyValue> kvs;
+  if (!c.range("fencegate/fleet/" + fleet + "/fence/ledger", "", &kvs).ok() || kvs.empty()) return 0;
+  return std::stoll(kvs[0].value.substr(0, 20));
+}
+
+}  // namespace
+
+TEST_CASE("fleet: a newer generation at one replica is the fence of all three, committed once in etcd") {
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream up;
+  Replica a(etcd, up.url(), "f1", "a"), b(etcd, up.url(), "f1", "b"), c(etcd, up.url(), "f1", "c");
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE_MESSAGE(b.start(), b.log());
+  REQUIRE_MESSAGE(c.start(), c.log());
+
+  auto r = a.write(1);
+  REQUIRE_MESSAGE(r.code() == 200, describe(r), a.log());
+  CHECK(etcd_fence(etcd, "f1") == 1);
+  r = b.write(2);
+  REQUIRE_MESSAGE(r.code() == 200, describe(r), b.log());
+  CHECK(etcd_fence(etcd, "f1") == 2);
+  // Guarantee 1: at once, at every replica (the commit waited for their acknowledgements).
+  for (Replica* x : {&a, &b, &c}) {
+    auto s = x->write(1);
+    CHECK_MESSAGE(s.code() == 409, describe(s));
+    CHECK(problem_type(s).find("stale-generation") != std::string::npos);
+  }
+  // Guarantee 5: the current generation at A and C without an advance of their own.
+  const double a_adv = a.metric("fencegate_fleet_advance_seconds_count");
+  const double c_adv = c.metric("fencegate_fleet_advance_seconds_count");
+  CHECK(a.write(2).code() == 200);
+  CHECK(c.write(2).code() == 200);
+  CHECK(a.metric("fencegate_fleet_advance_seconds_count") == a_adv);
+  CHECK(c.metric("fencegate_fleet_advance_seconds_count") == c_adv);
+  CHECK(b.metric("fencegate_fleet_advance_seconds_count") == 1);
+  CHECK(a.metric("fencegate_fleet_member") == 1);
+  CHECK(tokens(up) == std::vector<std::int64_t>{1, 2, 2, 2});
+  check_monotonic(up);
+
+  // GET /v1/fleet
+  auto f = a.admin("/v1/fleet");
+  REQUIRE(f.code() == 200);
+  json j = json::parse(f.response.body, nullptr, false);
+  REQUIRE(j.is_object());
+  CHECK(j["name"] == "f1");
+  CHECK(j["member"] == "a");
+  CHECK(j["state"] == "member");
+  REQUIRE(j["members"].is_array());
+  CHECK(j["members"].size() == 3);
+  for (const auto& m : j["members"]) {
+    CHECK(m["lease_ttl_ms"] == kTtlMs);
+    CHECK(m["last_seen"].is_string());
+  }
+}
+
+TEST_CASE("fleet: an advance at one replica waits for an older write in flight at another (drain across replicas)") {
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream up([](const RecordedRequest& rq) {
+    return rq.fencing_token() == 1 ? UpstreamAction::delayed(1500) : UpstreamAction::respond();
+  });
+  Replica a(etcd, up.url(), "f2", "a"), b(etcd, up.url(), "f2", "b");
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE_MESSAGE(b.start(), b.log());
+  REQUIRE(a.write(1).code() == 200);  // the fence at 1 (1.5 s)
+  auto slow = std::async(std::launch::async, [&] { return a.write(1); });
+  REQUIRE(up.wait_for_count(2, 10s));  // A's second g=1 write is upstream, its answer delayed
+  auto r = b.write(2);
+  CHECK_MESSAGE(r.code() == 200, describe(r), b.log());
+  CHECK(slow.get().code() == 200);  // finished within drain_timeout: not aborted
+  auto reqs = up.requests();
+  REQUIRE(reqs.size() == 3);
+  CHECK(reqs[2].fencing_token() == 2);
+  // B's write arrived only after A's g=1 exchange had ended.
+  CHECK(reqs[1].outcome == Outcome::responded);
+  CHECK(reqs[2].arrival >= reqs[1].completion);
+  check_monotonic(up);
+}
+
+TEST_CASE(
+    "fleet: a replica SIGSTOPped past its TTL with an older write in flight blocks nobody and lets nothing old "
+    "through") {
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream up([](const RecordedRequest& rq) {
+    return rq.fencing_token() == 1 && rq.target == "/ledger/hang" ? UpstreamAction::hang() : UpstreamAction::respond();
+  });
+  Replica a(etcd, up.url(), "f3", "a"), b(etcd, up.url(), "f3", "b"), c(etcd, up.url(), "f3", "c");
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE_MESSAGE(b.start(), b.log());
+  REQUIRE_MESSAGE(c.start(), c.log());
+  REQUIRE(a.write(1).code() == 200);
+  auto held = std::async(std::launch::async, [&] {
+    return request(a.port(), "POST", "/ledger/hang", {{"Fencing-Token", "1"}}, "{}", 30s);
+  });
+  REQUIRE(up.wait_for_count(2, 10s));
+  a.signal(SIGSTOP);
+  const auto t0 = Clock::now();
+  auto r = b.write(2, 20s);
+  const auto took = Clock::now() - t0;
+  CHECK_MESSAGE(r.code() == 200, describe(r), b.log());
+  // Without A's acknowledgement: once its lease expired (TTL + etcd's lease check granularity).
+  CHECK(took < std::chrono::milliseconds(kTtlMs + 3000));
+  CHECK(b.metric("fencegate_fleet_acks_waited_total") >= 1);
+  a.signal(SIGCONT);
+  // The held exchange is aborted (A is no member when it resumes), never completed after g=2.
+  auto h = held.get();
+  CHECK(h.code() != 200);
+  // A serves again once it is a member, with the fleet's fence: g=1 refused, g=2 admitted.
+  CHECK(eventually([&] { return a.admin("/readyz").code() == 200; }, 15s));
+  CHECK(a.write(1).code() == 409);
+  CHECK(a.write(2).code() == 200);
+  CHECK(a.metric("fencegate_fleet_unavailable_total") >= 1);
+  check_monotonic(up);
+  // Only the first g=1 write, the held one (received before A stopped) and the g=2 writes.
+  CHECK(tokens(up) == std::vector<std::int64_t>{1, 1, 2, 2});
+}
+
+TEST_CASE("fleet: with etcd unreachable a replica answers 503 fleet-unavailable within its TTL, then serves again") {
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream up;
+  Replica a(etcd, up.url(), "f4", "a");
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE(a.write(3).code() == 200);
+  etcd.pause();
+  const auto t0 = Clock::now();
+  CHECK(eventually([&] { return a.admin("/readyz").code() == 503; }, std::chrono::milliseconds(kTtlMs + 2000)));
+  CHECK(Clock::now() - t0 < std::chrono::milliseconds(kTtlMs + 500));
+  auto r = a.write(3);
+  CHECK(r.code() == 503);
+  CHECK(problem_type(r).find("fleet-unavailable") != std::string::npos);
+  auto f = a.admin("/v1/fleet");
+  CHECK(json::parse(f.response.body, nullptr, false)["state"] == "unavailable");
+  CHECK(a.metric("fencegate_fleet_member") == 0);
+  etcd.resume();
+  CHECK_MESSAGE(eventually([&] { return a.admin("/readyz").code() == 200; }, 15s), a.log());
+  CHECK(a.write(3).code() == 200);
+  CHECK(a.write(2).code() == 409);
+  CHECK(tokens(up) == std::vector<std::int64_t>{3, 3});
+}
