@@ -147,6 +147,13 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   }
   auto fence = std::make_unique<Fence>(*store, cfg->drain_timeout, cfg->max_resources);
   if (fleet) fleet->attach(*fence);
+  // The fleet's threads call into the fence: on every way out of here they stop before it goes.
+  struct FleetStop {
+    Fleet* f;
+    ~FleetStop() {
+      if (f) f->stop();
+    }
+  } fleet_stop{fleet.get()};
   fence->set_observe_cap(cfg->upstream_timeout);
   if (!fence->load(&err)) {
     log::error("cannot load generations", {log::kv("db", cfg->db), log::kv("error", err)});

@@ -234,3 +234,70 @@ TEST_CASE("fleet: with etcd unreachable a replica answers 503 fleet-unavailable 
   CHECK(a.write(2).code() == 409);
   CHECK(tokens(up) == std::vector<std::int64_t>{3, 3});
 }
+
+TEST_CASE("fleet: a replica killed -9 with an older write in flight blocks an advance at most about its TTL") {
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream up([](const RecordedRequest& rq) {
+    return rq.target == "/ledger/hang" ? UpstreamAction::hang() : UpstreamAction::respond();
+  });
+  Replica a(etcd, up.url(), "f5", "a"), b(etcd, up.url(), "f5", "b");
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE_MESSAGE(b.start(), b.log());
+  REQUIRE(a.write(1).code() == 200);
+  auto held = std::async(std::launch::async, [&] {
+    return request(a.port(), "POST", "/ledger/hang", {{"Fencing-Token", "1"}}, "{}", 20s);
+  });
+  REQUIRE(up.wait_for_count(2, 10s));
+  a.signal(SIGKILL);
+  const auto t0 = Clock::now();
+  auto r = b.write(2, 20s);
+  CHECK_MESSAGE(r.code() == 200, describe(r), b.log());
+  CHECK(Clock::now() - t0 < std::chrono::milliseconds(kTtlMs + 3000));
+  CHECK(b.write(1).code() == 409);
+  (void)held.get();
+  check_monotonic(up);
+  CHECK(etcd_fence(etcd, "f5") == 2);
+}
+
+TEST_CASE("fleet: the advancing replica killed after its intent: nothing of it forwarded, the fleet completes it") {
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream up([](const RecordedRequest& rq) {
+    return rq.target == "/ledger/hang" ? UpstreamAction::hang() : UpstreamAction::respond();
+  });
+  Replica a(etcd, up.url(), "f6", "a"), b(etcd, up.url(), "f6", "b"), c(etcd, up.url(), "f6", "c");
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE_MESSAGE(b.start(), b.log());
+  REQUIRE_MESSAGE(c.start(), c.log());
+  REQUIRE(a.write(1).code() == 200);
+  // A holds a g=1 write upstream and is paused: B's advance to 2 puts its intent and waits.
+  auto held = std::async(std::launch::async, [&] {
+    return request(a.port(), "POST", "/ledger/hang", {{"Fencing-Token", "1"}}, "{}", 30s);
+  });
+  REQUIRE(up.wait_for_count(2, 10s));
+  a.signal(SIGSTOP);
+  auto bw = std::async(std::launch::async, [&] { return b.write(2, 20s); });
+  Client cl(client_options(etcd));
+  REQUIRE(eventually(
+      [&] {
+        std::vector<KeyValue> kvs;
+        return cl.range("fencegate/fleet/f6/intent/ledger", "", &kvs).ok() && !kvs.empty();
+      },
+      5s));
+  b.signal(SIGKILL);  // the advancer dies after its intent, before its commit
+  CHECK(bw.get().code() != 200);
+  CHECK(etcd_fence(etcd, "f6") == 1);
+  // C saw the intent: it refuses g=1 (as a single sidecar keeps a generation it has seen).
+  CHECK(c.write(1).code() == 409);
+  // A write of 2 at C completes the advance once B's intent and A's membership have gone.
+  auto r = c.write(2, 20s);
+  CHECK_MESSAGE(r.code() == 200, describe(r), c.log());
+  CHECK(etcd_fence(etcd, "f6") == 2);
+  a.signal(SIGCONT);
+  (void)held.get();
+  CHECK(eventually([&] { return a.admin("/readyz").code() == 200; }, 15s));
+  CHECK(a.write(1).code() == 409);
+  check_monotonic(up);
+  CHECK(tokens(up) == std::vector<std::int64_t>{1, 1, 2});
+}
