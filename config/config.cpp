@@ -370,7 +370,8 @@ std::string set_fleet_etcd(Config& c, std::string_view v) {
     std::string_view item = v.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     Endpoint ep;
     if (item.substr(0, 7) != "http://" || item.size() > 512 ||
-        !parse_endpoint(item.substr(7, item.size() > 7 && item.back() == '/' ? item.size() - 8 : std::string_view::npos),
+        !parse_endpoint(item.substr(7,
+                                    item.size() > 7 && item.back() == '/' ? item.size() - 8 : std::string_view::npos),
                         ep)
              .empty())
       return "each endpoint must be http://host:port (got " + quote(item) + ")";
