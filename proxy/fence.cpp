@@ -665,12 +665,16 @@ void Fence::note_remote(const std::string& resource, std::int64_t g) {
   After after;
   {
     std::lock_guard lk(r->mu);
-    if (g <= r->seen) return;
-    r->seen = g;
-    r->seen_leader.clear();
-    for (auto& w : r->waiting)
-      after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
-    r->waiting.clear();
+    if (g < r->seen || g <= r->stored) return;
+    if (g > r->seen) {
+      r->seen = g;
+      r->seen_leader.clear();
+      for (auto& w : r->waiting)
+        after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
+      r->waiting.clear();
+    }
+    // Also when g == seen: an advance to it that failed (e.g. while not a member) is tried again,
+    // so the intent still waiting for this replica's acknowledgement gets it.
     if (!r->advancing) start_advance(r, after);
   }
   run(after);

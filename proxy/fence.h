@@ -218,7 +218,8 @@ class Fence {
   void set_gate(const std::atomic<std::int64_t>* deadline_ns) { gate_ = deadline_ns; }
   // Another replica's intent, or a committed generation read from etcd: acts like a write of g
   // with nothing parked (lower parked writes become stale, older in-flight writes are drained or
-  // aborted after drain_timeout, then the store's advance(g) runs). No-op if g <= seen.
+  // aborted after drain_timeout, then the store's advance(g) runs). No-op if g < seen, if
+  // g <= stored, or while an advance is under way; g == seen > stored restarts a failed advance.
   void note_remote(const std::string& resource, std::int64_t g);
   // Calls abort on every in-flight enforce write not yet aborted (membership lapsed). Returns
   // how many it aborted.
