@@ -17,10 +17,12 @@
 
 #include "cmd/cmd.h"
 #include "common/flags.h"
+#include "election_client/backend.h"
 #include "election_client/elector.h"
 #include "election_client/etcd_client.h"
 #include "election_client/guardian.h"
 #include "election_client/http_conn.h"
+#include "election_client/status_server.h"
 #include "common/log.h"
 
 namespace fencegate::cmd {
@@ -28,10 +30,11 @@ namespace fencegate::cmd {
 namespace {
 
 constexpr const char* kElectUsage =
-    "Usage: fencegate elect --etcd URLS --election NAME [flags] -- COMMAND [ARGS...]\n"
+    "Usage: fencegate elect (--coordinator URL | --etcd URLS) --election NAME [flags] -- COMMAND [ARGS...]\n"
     "\n"
-    "Campaigns for leadership of NAME in etcd and runs COMMAND only while it holds it, with the\n"
-    "fencing token (the leader key's creation revision) in FENCING_TOKEN.\n"
+    "Campaigns for leadership of NAME in etcd, ZooKeeper or Redis and runs COMMAND only while it\n"
+    "holds it, with the fencing token in FENCING_TOKEN (etcd: the leader key's creation revision;\n"
+    "ZooKeeper: the leader node's czxid; Redis: the lock's generation counter).\n"
     "\n"
     "  1. grants a lease (--ttl) and keeps it alive; campaigns with --id as the value;\n"
     "  2. once elected, POSTs {\"generation\": N, \"leader\": ID} (and Fencing-Token: N) to\n"
@@ -55,12 +58,18 @@ constexpr const char* kElectUsage =
     "  SIGUSR1/SIGUSR2 are passed on and change nothing else. If elect itself dies (even by\n"
     "  SIGKILL), the command's whole process group gets SIGKILL (a guardian process watches elect);\n"
     "  so it does when the lease's earliest expiry passes while elect is stopped (SIGSTOP, Ctrl-Z).\n"
-    "  Processes that leave the command's process group (setsid, a shell's job control) are not\n"
-    "  stopped: keep the command's work in its group.\n"
+    "  Processes that leave the command's process group (setsid, a double fork) are SIGKILLed once\n"
+    "  the command has stopped (elect is their subreaper).\n"
     "\n"
     "Flags:\n"
-    "  --etcd URLS              etcd client URLs, comma-separated (http://host:port), required\n"
-    "  --election NAME          election name (the key prefix is NAME/), required\n"
+    "  --coordinator URL        etcd://host:port[,host:port], zk://host:port[,host:port][/chroot]\n"
+    "                           or redis://host:port[/db] (docs/elections.md)\n"
+    "  --etcd URLS              etcd client URLs, comma-separated (http://host:port): the same as\n"
+    "                           --coordinator etcd://...\n"
+    "  --zk-auth FILE           ZooKeeper digest auth: FILE holds user:password (mode 0600/0400)\n"
+    "  --redis-auth FILE        Redis AUTH: FILE holds password or user:password (mode 0600/0400)\n"
+    "  --election NAME          election name (etcd: the key prefix NAME/; ZooKeeper: the node\n"
+    "                           /NAME under the chroot; Redis: the keys fencegate:election:NAME:*)\n"
     "  --id NAME                leader identity (FENCING_LEADER_ID); default hostname:pid\n"
     "  --ttl SECONDS            lease TTL, 2..3600 (default 10); renewals every TTL/3\n"
     "  --fence URL              a fencegate admin resource URL, e.g.\n"
@@ -69,16 +78,25 @@ constexpr const char* kElectUsage =
     "                           least 16 bytes, no control characters; docs/security.md)\n"
     "  --fence-timeout-ms MS    how long to wait for each fence, retrying while it is unreachable or 5xx\n"
     "                           (100..3600000, default 30000: above the sidecars' default drain timeout)\n"
+    "  --catch-up CMD           after winning and before the fences: `sh -c CMD` with FENCING_TOKEN etc.;\n"
+    "                           must exit 0 within --catch-up-timeout-ms, else elect resigns (exit 76,\n"
+    "                           or campaigns again with --recampaign)\n"
+    "  --catch-up-timeout-ms MS how long the catch-up may take (100..86400000, default 60000)\n"
+    "  --status-listen ADDR     serve GET /readyz (200 only while leading with the barrier complete)\n"
+    "                           and GET /metrics (fencegate_elect_*) on host:port\n"
     "  --recampaign             after losing leadership or a failed barrier, campaign again\n"
     "  --grace-ms MS            SIGTERM -> SIGKILL grace for the command (default 5000)\n"
     "  --log-level LEVEL        debug, info, warn, error (default info); JSON lines on stderr\n"
     "\n"
-    "Exit codes: COMMAND's status; 1 etcd unreachable at start or COMMAND could not start;\n"
+    "Exit codes: COMMAND's status; 1 the coordinator unreachable at start or COMMAND could not start;\n"
     "2 bad flags; 75 leadership lost while COMMAND ran; 76 activation barrier failed;\n"
     "128+N got signal N before COMMAND started.\n";
 
 constexpr std::array kElectFlags = {
     flags::Flag{"--etcd"},
+    flags::Flag{"--coordinator"},
+    flags::Flag{"--zk-auth"},
+    flags::Flag{"--redis-auth"},
     flags::Flag{"--election"},
     flags::Flag{"--id"},
     flags::Flag{"--ttl"},
@@ -86,6 +104,9 @@ constexpr std::array kElectFlags = {
     flags::Flag{"--fence-token-file"},
     flags::Flag{"--fence-timeout-ms"},
     flags::Flag{"--recampaign", flags::Arity::none},
+    flags::Flag{"--catch-up"},
+    flags::Flag{"--catch-up-timeout-ms"},
+    flags::Flag{"--status-listen"},
     flags::Flag{"--grace-ms"},
     flags::Flag{"--log-level"},
 };
@@ -117,11 +138,37 @@ void take_integer(const flags::Item& item, std::int64_t lo, std::int64_t hi, std
                      " (got \"" + item.value + "\")");
 }
 
+std::string coordinator_from_flags(const CoordinatorFlags& flags, election::Coordinator* out) {
+  const auto& [coordinator, etcd, zk_auth, redis_auth] = flags;
+  std::string why;
+  if (!coordinator.empty() && !etcd.empty()) return "--coordinator and --etcd: give one of them";
+  if (coordinator.empty() && etcd.empty())
+    return "--coordinator: required (etcd://host:port, zk://host:port/chroot, redis://host:port/db; or --etcd: "
+           "required (e.g. http://127.0.0.1:2379))";
+  if (!etcd.empty()) {
+    out->kind = election::Coordinator::Kind::etcd;
+    out->text = etcd;
+    if (!election::parse_endpoint_list(etcd, &out->endpoints, &why)) return "--etcd: " + why;
+  } else if (!election::parse_coordinator(coordinator, out, &why)) {
+    return "--coordinator: " + why;
+  }
+  using Kind = election::Coordinator::Kind;
+  if (!zk_auth.empty()) {
+    if (out->kind != Kind::zookeeper) return "--zk-auth: only for a zk:// coordinator";
+    if (auto e = election::read_coordinator_auth(zk_auth, out); !e.empty()) return "--zk-auth: " + e;
+  }
+  if (!redis_auth.empty()) {
+    if (out->kind != Kind::redis) return "--redis-auth: only for a redis:// coordinator";
+    if (auto e = election::read_coordinator_auth(redis_auth, out); !e.empty()) return "--redis-auth: " + e;
+  }
+  return {};
+}
+
 int run_elect(const std::vector<std::string>& args) {
   election::note_inherited_fds();
   election::ElectOptions f;
   std::vector<std::string> errors;
-  std::string etcd, level = "info", token_file;
+  std::string etcd, coordinator, zk_auth, redis_auth, level = "info", token_file;
   bool id_given = false;
   flags::Rules rules;
   rules.dashdash_ends_flags = true;
@@ -150,6 +197,12 @@ int run_elect(const std::vector<std::string>& args) {
       f.recampaign = true;
     } else if (name == "--etcd") {
       take_text(etcd);
+    } else if (name == "--coordinator") {
+      take_text(coordinator);
+    } else if (name == "--zk-auth") {
+      take_text(zk_auth);
+    } else if (name == "--redis-auth") {
+      take_text(redis_auth);
     } else if (name == "--election") {
       take_text(f.election);
     } else if (name == "--id") {
@@ -161,6 +214,17 @@ int run_elect(const std::vector<std::string>& args) {
       take_text(token_file);
     } else if (name == "--fence-timeout-ms") {
       take_integer(item, 100, 3600000, &f.fence_timeout_ms, errors);
+    } else if (name == "--catch-up") {
+      take_text(f.catch_up);
+    } else if (name == "--catch-up-timeout-ms") {
+      take_integer(item, 100, 86400000, &f.catch_up_timeout_ms, errors);
+    } else if (name == "--status-listen") {
+      take_text(f.status_listen);
+      std::string host;
+      std::uint16_t port = 0;
+      if (!missing)
+        if (auto e = election::parse_listen_addr(f.status_listen, &host, &port); !e.empty())
+          errors.push_back("--status-listen: " + e);
     } else if (name == "--grace-ms") {
       take_integer(item, 0, 3600000, &f.grace_ms, errors);
     } else if (name == "--log-level") {
@@ -178,8 +242,8 @@ int run_elect(const std::vector<std::string>& args) {
   }
   f.command = parsed.rest;
   std::string why;
-  if (etcd.empty()) errors.push_back("--etcd: required (e.g. http://127.0.0.1:2379)");
-  else if (!election::parse_endpoint_list(etcd, &f.etcd, &why)) errors.push_back("--etcd: " + why);
+  if (std::string e = coordinator_from_flags({coordinator, etcd, zk_auth, redis_auth}, &f.coordinator); !e.empty())
+    errors.push_back(e);
   if (std::string e = election_name_error(f.election); !e.empty()) errors.push_back(e);
   if (id_given && f.id.empty()) errors.push_back("--id: must not be empty (leave it out for hostname:pid)");
   if (f.id.size() > 256)  // the sidecars would refuse it as Fencing-Leader (max_leader_bytes) after winning

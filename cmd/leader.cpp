@@ -5,6 +5,7 @@
 //   Prints {"election": NAME, "leader": ID, "token": N}. Exit codes: 0 printed, 1 etcd
 //   unreachable or error, 2 bad flags, 3 the election has no leader.
 #include <array>
+#include <memory>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -14,9 +15,8 @@
 
 #include "cmd/cmd.h"
 #include "common/flags.h"
+#include "election_client/backend.h"
 #include "election_client/elector.h"
-#include "election_client/etcd_client.h"
-#include "election_client/leader_lookup.h"
 
 namespace fencegate::cmd {
 
@@ -25,28 +25,34 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kLeaderUsage =
-    "Usage: fencegate leader --etcd URLS --election NAME\n"
+    "Usage: fencegate leader (--coordinator URL | --etcd URLS) --election NAME\n"
     "\n"
     "Prints the current leader of the election as one JSON object:\n"
     "  {\"election\": NAME, \"leader\": ID, \"token\": N}\n"
-    "where ID is the value the leader campaigned with and N its fencing token (the leader key's\n"
-    "creation revision).\n"
+    "where ID is the value the leader campaigned with and N its fencing token (etcd: the leader\n"
+    "key's creation revision; ZooKeeper: the leader node's czxid; Redis: the lock's generation).\n"
     "\n"
     "Flags:\n"
-    "  --etcd URLS        etcd client URLs, comma-separated (http://host:port), required\n"
+    "  --coordinator URL  etcd://host:port[,..], zk://host:port[,..][/chroot] or redis://host:port[/db]\n"
+    "  --etcd URLS        etcd client URLs, comma-separated (http://host:port): as etcd://\n"
+    "  --zk-auth FILE     ZooKeeper digest auth, FILE holds user:password (mode 0600/0400)\n"
+    "  --redis-auth FILE  Redis AUTH, FILE holds password or user:password (mode 0600/0400)\n"
     "  --election NAME    election name, required\n"
-    "  --timeout-ms MS    how long to look for the leader, shared among the --etcd endpoints\n"
+    "  --timeout-ms MS    how long to look for the leader, shared among the endpoints\n"
     "                     (one that hangs does not use it all; default 5000)\n"
     "\n"
-    "Exit codes: 0 printed; 1 etcd unreachable or error; 2 bad flags; 3 no leader.\n";
+    "Exit codes: 0 printed; 1 coordinator unreachable or error; 2 bad flags; 3 no leader.\n";
 
-constexpr std::array kLeaderFlags = {flags::Flag{"--etcd"}, flags::Flag{"--election"}, flags::Flag{"--timeout-ms"}};
+constexpr std::array kLeaderFlags = {flags::Flag{"--etcd"},     flags::Flag{"--coordinator"},
+                                     flags::Flag{"--zk-auth"},  flags::Flag{"--redis-auth"},
+                                     flags::Flag{"--election"}, flags::Flag{"--timeout-ms"}};
 
 }  // namespace
 
 int run_leader(const std::vector<std::string>& args) {
   std::vector<std::string> errors;
-  std::string etcd, election;
+  CoordinatorFlags cf;
+  std::string election;
   std::int64_t timeout_ms = 5000;
   for (const flags::Item& item : flags::parse(args, kLeaderFlags).items) {
     switch (item.kind) {
@@ -62,22 +68,29 @@ int run_leader(const std::vector<std::string>& args) {
       case flags::Kind::flag: break;
     }
     if (item.name == "--etcd") {
-      etcd = item.value;
+      cf.etcd = item.value;
+    } else if (item.name == "--coordinator") {
+      cf.coordinator = item.value;
+    } else if (item.name == "--zk-auth") {
+      cf.zk_auth = item.value;
+    } else if (item.name == "--redis-auth") {
+      cf.redis_auth = item.value;
     } else if (item.name == "--election") {
       election = item.value;
     } else if (!flags::parse_int(item.value, 1, 600000, &timeout_ms)) {
       errors.push_back("--timeout-ms: must be an integer in 1..600000 (got \"" + item.value + "\")");
     }
   }
-  std::vector<std::string> eps;
-  std::string why;
-  if (etcd.empty()) errors.push_back("--etcd: required (e.g. http://127.0.0.1:2379)");
-  else if (!election::parse_endpoint_list(etcd, &eps, &why)) errors.push_back("--etcd: " + why);
+  election::Coordinator coordinator;
+  if (std::string e = coordinator_from_flags(cf, &coordinator); !e.empty()) errors.push_back(e);
   if (std::string e = election_name_error(election); !e.empty()) errors.push_back(e);
   if (!errors.empty()) return usage_error("leader", errors);
   std::signal(SIGPIPE, SIG_IGN);
-  election::KeyValue kv;
-  election::Status st = election::lookup_leader(eps, election, std::chrono::milliseconds(timeout_ms), &kv);
+  std::string why;
+  std::unique_ptr<election::Backend> backend = election::make_backend(coordinator, &why);
+  if (!backend) return usage_error("leader", {"--coordinator: " + why});
+  election::LeaderInfo li;
+  election::Status st = backend->leader(election, std::chrono::milliseconds(timeout_ms), &li);
   if (st.is_no_leader()) {
     std::fprintf(stderr, "fencegate leader: election \"%s\" has no leader\n", election.c_str());
     return election::kExitNoLeader;
@@ -86,7 +99,7 @@ int run_leader(const std::vector<std::string>& args) {
     std::fprintf(stderr, "fencegate leader: %s\n", st.to_string().c_str());
     return election::kExitUnavailable;
   }
-  json out = {{"election", election}, {"leader", kv.value}, {"token", kv.create_revision}};
+  json out = {{"election", election}, {"leader", li.id}, {"token", li.token}};
   std::printf("%s\n", out.dump(-1, ' ', false, json::error_handler_t::replace).c_str());
   return 0;
 }

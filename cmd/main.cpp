@@ -20,6 +20,8 @@ constexpr const char* kUsage =
     "                              (see `fencegate elect --help`)\n"
     "  fencegate leader --etcd URLS --election NAME\n"
     "                              print an election's leader and token (see `fencegate leader --help`)\n"
+    "  fencegate status --admin URL [--token-file PATH] [--watch]\n"
+    "                              the resource table of a running fencegate (see `fencegate status --help`)\n"
     "  fencegate version           print the version\n"
     "  fencegate --help            this text\n"
     "\n"
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
   if (command == "elect") return cmd::run_elect(args);
   if (command == "leader") return cmd::run_leader(args);
   if (command == "serve") return cmd::run_serve(args);
+  if (command == "status") return cmd::run_status(args);
   std::fprintf(stderr, "fencegate: unknown command \"%s\"\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -510,6 +510,8 @@ bool Route::is_fenced(std::string_view method) const {
 std::string Authority::id() const {
   std::string s = "etcd=";
   for (std::size_t i = 0; i < etcd.size(); ++i) s += (i ? "," : "") + etcd[i];
+  if (!coordinator.empty()) s += " coordinator=" + coordinator;  // issue 31
+  if (!auth_file.empty()) s += " auth_file=" + quote(auth_file);
   s += " election=" + quote(election) + " grace_ms=" + std::to_string(grace.count());
   return s;
 }

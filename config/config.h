@@ -36,6 +36,13 @@ struct Authority {
   std::vector<std::string> etcd;       // "http://host:port" each, normalised; at least one
   std::string election;                // election name (etcd key prefix "<election>/")
   std::chrono::milliseconds grace{0};  // 0: the leader's lease TTL; else min(TTL, grace)
+  // issue 31 (ZooKeeper and Redis token sources): "coordinator": "zk://host:port[,..][/chroot]" or
+  // "redis://host:port[/db]" instead of "etcd" (an "etcd://host:port[,..]" coordinator is put into
+  // `etcd` by validate() and this stays empty). Exactly one of etcd and coordinator.
+  std::string coordinator;
+  // issue 31: a file holding the coordinator's secret (zk: user:password for digest auth; redis:
+  // password or user:password), owner-only mode; only with a zk:// or redis:// coordinator.
+  std::string auth_file;
 
   // Canonical text naming this authority (equal iff the settings are equal).
   std::string id() const;

@@ -130,6 +130,11 @@ Authority parse_authority(const json& j, const std::string& path, std::vector<st
         }
         if (v.empty()) errors.push_back(fp + ": must list at least one etcd URL");
       }
+    } else if (key == "coordinator") {  // issue 31: etcd://, zk:// or redis:// (checked by validate())
+      has_etcd = true;
+      get_string(v, fp, a.coordinator, errors);
+    } else if (key == "auth_file") {  // issue 31
+      get_string(v, fp, a.auth_file, errors);
     } else if (key == "election") {
       has_election = true;
       get_string(v, fp, a.election, errors);
@@ -146,7 +151,7 @@ Authority parse_authority(const json& j, const std::string& path, std::vector<st
       errors.push_back(fp + ": unknown key");
     }
   }
-  if (!has_etcd) errors.push_back(path + ".etcd: required");
+  if (!has_etcd) errors.push_back(path + ".etcd: required");  // or "coordinator" (issue 31)
   if (!has_election) errors.push_back(path + ".election: required");
   return a;
 }

@@ -19,9 +19,69 @@ using json = nlohmann::json;
 
 namespace {
 
+// issue 31: "coordinator": etcd://h:p[,h:p] becomes the etcd list; zk://h:p[,h:p][/chroot] and
+// redis://h:p[/db] stay as given (election_client/backend.h parses them again at start).
+bool check_coordinator(Authority& a, const std::string& path, std::vector<std::string>& errors) {
+  const std::string fp = path + ".coordinator";
+  if (!a.etcd.empty()) {
+    errors.push_back(fp + ": give either \"etcd\" or \"coordinator\", not both");
+    return false;
+  }
+  const auto sep = a.coordinator.find("://");
+  const std::string scheme = sep == std::string::npos ? "" : a.coordinator.substr(0, sep);
+  std::string rest = sep == std::string::npos ? "" : a.coordinator.substr(sep + 3);
+  std::string path_part;
+  if (auto slash = rest.find('/'); slash != std::string::npos) {
+    path_part = rest.substr(slash);
+    rest = rest.substr(0, slash);
+  }
+  std::vector<std::string> hosts;
+  for (std::size_t at = 0;;) {
+    auto comma = rest.find(',', at);
+    hosts.push_back(rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  bool ok = scheme == "etcd" || scheme == "zk" || scheme == "redis";
+  for (const auto& h : hosts) {
+    Endpoint ep;
+    ok = ok && !h.empty() && parse_upstream("http://" + h, ep).empty();
+  }
+  if (scheme == "etcd" && !path_part.empty()) ok = false;
+  if (scheme == "redis" &&
+      (hosts.size() != 1 || (path_part.size() > 1 && !std::all_of(path_part.begin() + 1, path_part.end(), ::isdigit))))
+    ok = false;
+  if (scheme == "zk" && path_part.find("//") != std::string::npos) ok = false;
+  if (!ok) {
+    errors.push_back(fp +
+                     ": must be etcd://host:port[,host:port], zk://host:port[,host:port][/chroot] or "
+                     "redis://host:port[/db] (got " +
+                     quote(a.coordinator) + ")");
+    return false;
+  }
+  if (!a.auth_file.empty()) {
+    std::string secret;
+    if (scheme == "etcd") {
+      errors.push_back(path + ".auth_file: only for a zk:// or redis:// coordinator");
+    } else if (auto e = files::read_secret_file(a.auth_file, &secret); !e.empty()) {
+      errors.push_back(path + ".auth_file: " + e);
+    } else if (scheme == "zk" && secret.find(':') == std::string::npos) {
+      errors.push_back(path + ".auth_file: " + a.auth_file + " must hold user:password (ZooKeeper digest auth)");
+    }
+  }
+  if (scheme == "etcd") {
+    for (const auto& h : hosts) a.etcd.push_back("http://" + h);
+    a.coordinator.clear();
+  }
+  return true;
+}
+
 // Checks (and normalises) an authority; errors are named under `path` ("routes[0].authority").
 void check_authority(Authority& a, const std::string& path, std::vector<std::string>& errors) {
-  if (a.etcd.empty()) errors.push_back(path + ".etcd: must list at least one etcd URL");
+  if (!a.coordinator.empty() && !check_coordinator(a, path, errors)) return;
+  if (a.coordinator.empty() && !a.auth_file.empty())
+    errors.push_back(path + ".auth_file: only for a zk:// or redis:// coordinator");
+  if (a.etcd.empty() && a.coordinator.empty()) errors.push_back(path + ".etcd: must list at least one etcd URL");
   std::vector<std::string> norm;
   for (std::size_t i = 0; i < a.etcd.size(); ++i) {
     Endpoint ep;
@@ -198,6 +258,7 @@ void validate(Config& c, std::vector<std::string>& errors) {
     if (!r.authority) return std::string("no election");
     std::string etcd;
     for (const auto& e : r.authority->etcd) etcd += (etcd.empty() ? "" : ",") + e;
+    if (!r.authority->coordinator.empty()) etcd = r.authority->coordinator;  // issue 31
     return "election " + quote(r.authority->election) + " at " + etcd;
   };
   for (std::size_t j = 0; j < c.routes.size(); ++j) {
@@ -209,7 +270,9 @@ void validate(Config& c, std::vector<std::string>& errors) {
       // The same election through the same endpoints is one authority, whatever the order of the
       // endpoints or the grace.
       auto endpoints = [](const Route& r) {
-        return std::set<std::string>(r.authority->etcd.begin(), r.authority->etcd.end());
+        auto set = std::set<std::string>(r.authority->etcd.begin(), r.authority->etcd.end());
+        if (!r.authority->coordinator.empty()) set.insert(r.authority->coordinator);  // issue 31
+        return set;
       };
       const bool same_authority = ri.authority ? (rj.authority && ri.authority->election == rj.authority->election &&
                                                   endpoints(ri) == endpoints(rj))

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "election_client/lease_keeper.h"
+#include "election_client/backend.h"
 
 namespace fencegate::election {
 
@@ -61,7 +61,7 @@ int wait_signal(milliseconds timeout) {
   return sig > 0 ? sig : 0;
 }
 
-Waited run_watched(const std::function<void(const std::atomic<bool>&)>& work, const LeaseKeeper* keeper) {
+Waited run_watched(const std::function<void(const std::atomic<bool>&)>& work, const Candidacy* term) {
   std::atomic<bool> cancel{false}, done{false};
   const pthread_t waiter = pthread_self();
   std::thread t([&] {
@@ -76,7 +76,7 @@ Waited run_watched(const std::function<void(const std::atomic<bool>&)>& work, co
     if (is_stop_signal(sig)) {
       w = {Interrupt::signal, sig};
       cancel = true;
-    } else if (keeper && !keeper->valid()) {
+    } else if (term && !term->valid()) {
       w = {Interrupt::lease, 0};
       cancel = true;
     }

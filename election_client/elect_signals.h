@@ -14,7 +14,7 @@
 
 namespace fencegate::election {
 
-class LeaseKeeper;
+class Candidacy;
 
 // Notes whether elect was started with SIGHUP ignored (`nohup`: then a hangup is not a stop
 // signal, for elect or its command), restores a launcher's ignored SIGCHLD (the kernel would
@@ -42,8 +42,8 @@ struct Waited {
 };
 
 // Runs work(cancel) on a helper thread; meanwhile waits for SIGTERM/SIGINT and checks the lease
-// (if `keeper`). On either, raises cancel and waits for work to return.
-Waited run_watched(const std::function<void(const std::atomic<bool>&)>& work, const LeaseKeeper* keeper);
+// or session (if `term`: Candidacy::valid()). On either, raises cancel and waits for work to return.
+Waited run_watched(const std::function<void(const std::atomic<bool>&)>& work, const Candidacy* term);
 
 // Sleeps up to `d`, returning early with the signal if SIGTERM/SIGINT arrives (else 0).
 int sleep_watching(std::chrono::milliseconds d);

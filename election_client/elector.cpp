@@ -17,12 +17,11 @@
 #include <string_view>
 #include <type_traits>
 
+#include "election_client/backend.h"
 #include "election_client/elect_signals.h"
-#include "election_client/etcd_client.h"
 #include "election_client/fence_barrier.h"
 #include "election_client/guardian.h"
-#include "election_client/key_guard.h"
-#include "election_client/lease_keeper.h"
+#include "election_client/status_server.h"
 #include "common/file_checks.h"
 #include "common/log.h"
 
@@ -37,7 +36,7 @@ using std::chrono::milliseconds;
 // Lease deadlines and what is measured against them (the grace before SIGKILL is cut to the
 // lease's expiry): the lease's own clock, CLOCK_BOOTTIME (common/boot_clock.h), which counts a
 // suspended host. The guardian must take the same time points.
-using Clock = LeaseKeeper::Clock;
+using Clock = Candidacy::Clock;
 static_assert(std::is_same_v<GuardianClock, Clock>, "the guardian's expiry is the lease's deadline");
 
 std::vector<std::string> child_env(const ElectOptions& f, std::int64_t token) {
@@ -55,22 +54,21 @@ std::vector<std::string> child_env(const ElectOptions& f, std::int64_t token) {
   return env;
 }
 
+// Kills what the command (or catch-up) left running outside its process group: with elect a
+// child subreaper, those processes are elect's descendants (guardian.h).
+void stop_leftovers() {
+  if (int n = kill_descendants(2000ms))
+    log::warn("killed processes the command left outside its process group", {log::kv("count", n)});
+}
+
 class Elect {
  public:
-  explicit Elect(ElectOptions f) : f_(std::move(f)), client_(client_options()) {}
+  Elect(ElectOptions f, std::unique_ptr<Backend> backend, ElectMetrics& metrics)
+      : f_(std::move(f)), backend_(std::move(backend)), metrics_(metrics) {}
 
   int run();
 
  private:
-  ClientOptions client_options() const {
-    ClientOptions o;
-    o.endpoints = f_.etcd;
-    o.request_timeout = 5000ms;
-    o.connect_timeout = 1000ms;
-    return o;
-  }
-  // Best effort: resign (if leading) and revoke the lease, each bounded.
-  void give_up(LeaseKeeper& keeper, const std::optional<LeaderKey>& leader);
   // Stops the command's process group: SIGTERM (or `first`), SIGKILL after the grace period, or
   // at `kill_by` if that comes first. Returns the command's wait status.
   int stop_command(pid_t pid, int first, bool* have_status, Clock::time_point kill_by = Clock::time_point::max());
@@ -80,45 +78,58 @@ class Elect {
     int wstatus = 0;
     bool lost = false;
   };
-  Supervised supervise(pid_t pid, std::int64_t token, const LeaderKey& lk, LeaseKeeper& keeper, KeyGuard& guard,
-                       Guardian& guardian);
+  Supervised supervise(pid_t pid, std::int64_t token, Candidacy& term, Guardian& guardian);
 
-  // Revokes the leases whose revoke failed before (etcd was down): their keys would otherwise wait
-  // in the election as zombies, and lead for up to a TTL with no process behind them.
-  void revoke_leftovers();
+  // The catch-up command of the activation barrier (--catch-up): runs with the token, must exit 0
+  // within --catch-up-timeout-ms while the lease stays valid. Returns 0 on success, -1 on
+  // failure (logged), or the stop signal that interrupted it.
+  int catch_up(std::int64_t token, Candidacy& term);
 
   // Constant after construction
   ElectOptions f_;  // fence_token changes when its file is re-read (each term)
-  Client client_;
-  std::vector<std::int64_t> leftover_leases_;  // revoke failed; tried again before each campaign
+  std::unique_ptr<Backend> backend_;
+  ElectMetrics& metrics_;
 };
 
-void Elect::give_up(LeaseKeeper& keeper, const std::optional<LeaderKey>& leader) {
-  if (leader) {
-    Status st = client_.resign(*leader, 2000ms);
-    if (st.ok()) log::info("resigned", {log::kv("token", leader->rev)});
-    else log::warn("resign failed (the lease will expire)", {log::kv("error", st.to_string())});
+int Elect::catch_up(std::int64_t token, Candidacy& term) {
+  Guardian guardian;
+  const pid_t pid =
+      spawn({"/bin/sh", "-c", f_.catch_up}, child_env(f_, token), term.deadline() + term.margin(), &guardian);
+  if (pid < 0) {
+    log::error("could not start the catch-up command", {log::kv("error", std::strerror(errno))});
+    return -1;
   }
-  Status st = keeper.revoke(2000ms);
-  if (!st.ok()) {
-    log::warn("lease revoke failed (tried again before the next campaign; else it expires)",
-              {log::kv("lease", keeper.lease_id()), log::kv("error", st.to_string())});
-    if (keeper.lease_id() != 0) leftover_leases_.push_back(keeper.lease_id());
-  }
-}
-
-void Elect::revoke_leftovers() {
-  std::vector<std::int64_t> still;
-  for (std::int64_t id : leftover_leases_) {
-    Status st = client_.revoke(id, 2000ms);
-    // A lease etcd no longer has (expired, or forgotten by a restore) is gone as well.
-    if (st.ok() || st.to_string().find("not found") != std::string::npos) {
-      log::info("revoked a lease left over from an earlier campaign", {log::kv("lease", id)});
-    } else {
-      still.push_back(id);
+  log::info("catch-up started", {log::kv("pid", pid), log::kv("token", token)});
+  const auto until = std::chrono::steady_clock::now() + milliseconds(f_.catch_up_timeout_ms);
+  int wstatus = 0, result = -1;
+  std::string why;
+  for (;;) {
+    const int sig = wait_signal(50ms);
+    if (reap_command(pid, &wstatus)) {
+      if (WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) result = 0;
+      else why = "exited with " + std::to_string(exit_code_of(wstatus));
+      break;
     }
+    if (term.valid()) extend_guardian(guardian, term.deadline() + term.margin());
+    if (is_stop_signal(sig)) {
+      why = "signal";
+      result = sig;
+    } else if (!term.valid() || term.gone()) {
+      why = "leadership lost during the catch-up";
+    } else if (std::chrono::steady_clock::now() >= until) {
+      why = "did not finish within --catch-up-timeout-ms (" + std::to_string(f_.catch_up_timeout_ms) + ")";
+    } else {
+      continue;
+    }
+    kill(-pid, SIGKILL);
+    while (!reap_command(pid, &wstatus)) wait_signal(20ms);
+    break;
   }
-  leftover_leases_.swap(still);
+  release_guardian(guardian);
+  stop_leftovers();
+  if (result == 0) log::info("catch-up done", {log::kv("token", token)});
+  else log::error("catch-up failed: resigning", {log::kv("token", token), log::kv("why", why)});
+  return result;
 }
 
 int Elect::stop_command(pid_t pid, int first, bool* have_status, Clock::time_point kill_by) {
@@ -146,19 +157,21 @@ int Elect::stop_command(pid_t pid, int first, bool* have_status, Clock::time_poi
 // Runs while the command does: passes signals on, and stops it when leadership is lost (the
 // lease not valid, or the leader key gone). Returns its wait status and whether leadership was
 // lost while it ran.
-Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, const LeaderKey& lk, LeaseKeeper& keeper,
-                                   KeyGuard& guard, Guardian& guardian) {
+Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, Candidacy& term, Guardian& guardian) {
   Supervised out;
   int& wstatus = out.wstatus;
   bool& lost = out.lost;
   bool exited = false;
   int forwarded = 0;
   Clock::time_point kill_at{};
+  Clock::time_point last_deadline = term.deadline();
   while (!exited) {
     int sig = wait_signal(50ms);
     if (reap_command(pid, &wstatus)) {
       exited = true;
-      if (!keeper.valid()) {
+      if (!term.valid()) {
+        metrics_.set_ready(false);
+        metrics_.loss(term.state() == "lost" ? "lost" : "jeopardy");
         // Its guardian killed it at the lease's earliest expiry, while elect was not running.
         log::error("leadership lost: the lease ran out while elect was stopped; the command was killed at its expiry",
                    {log::kv("token", token), log::kv("pid", pid), log::kv("status", exit_code_of(wstatus))});
@@ -166,16 +179,25 @@ Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, const LeaderKe
       }
       break;
     }
-    if (keeper.valid()) extend_guardian(guardian, keeper.deadline() + keeper.margin());
-    if (!keeper.valid()) {
-      log::error(
-          "leadership lost: stopping the command",
-          {log::kv("state", LeaseKeeper::to_string(keeper.state())), log::kv("token", token), log::kv("pid", pid),
-           log::kv("late_ms", std::chrono::duration_cast<milliseconds>(Clock::now() - keeper.deadline()).count())});
+    if (term.valid()) {
+      extend_guardian(guardian, term.deadline() + term.margin());
+      // A renewal moved the deadline: how much time was left to the old one (--status-listen).
+      if (const auto d = term.deadline(); d > last_deadline) {
+        metrics_.renewal_margin(std::max<Clock::duration>(last_deadline - Clock::now(), Clock::duration::zero()));
+        last_deadline = d;
+      }
+    }
+    if (!term.valid()) {
+      metrics_.set_ready(false);
+      metrics_.loss(term.state() == "lost" ? "lost" : "jeopardy");
+      log::error("leadership lost: stopping the command",
+                 {log::kv("state", term.state()), log::kv("token", token), log::kv("pid", pid),
+                  log::kv("late_ms",
+                          std::chrono::duration_cast<milliseconds>(Clock::now() - term.deadline()).count())});
       // etcd may expire the lease (and elect the next leader) from deadline + margin on: the
       // command gets SIGKILL by then if --grace-ms would run past it, so that it never runs on
       // while a successor leads.
-      const auto expiry = keeper.deadline() + keeper.margin();
+      const auto expiry = term.deadline() + term.margin();
       if (Clock::now() + milliseconds(f_.grace_ms) > expiry)
         log::warn("the grace period is cut to the lease's earliest expiry",
                   {log::kv("grace_ms", f_.grace_ms),
@@ -188,9 +210,11 @@ Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, const LeaderKe
       break;
     }
     // After the lease (a paused elect sees its deadline passed first, whatever the watch says).
-    if (guard.gone()) {
+    if (term.gone()) {
+      metrics_.set_ready(false);
+      metrics_.loss("deleted");
       log::error("leadership lost: the leader key was deleted; stopping the command",
-                 {log::kv("key", lk.key), log::kv("token", token), log::kv("pid", pid)});
+                 {log::kv("key", term.handle()), log::kv("token", token), log::kv("pid", pid)});
       // The lease still lives, but the term is over: the guardian's SIGKILL moves to the end of
       // the grace (so it holds even if elect stops now), not the lease's expiry.
       set_guardian(guardian, Clock::now() + milliseconds(f_.grace_ms));
@@ -224,50 +248,42 @@ Elect::Supervised Elect::supervise(pid_t pid, std::int64_t token, const LeaderKe
 int Elect::run() {
   bool first_term = true;
   milliseconds backoff = 500ms;
+  const CandidacyOptions co{f_.election, f_.id, f_.ttl};
   for (;;) {
-    // --- 1. Lease.
-    LeaseKeeper::Options ko;
-    ko.client = client_options();
-    ko.ttl_seconds = f_.ttl;
-    auto keeper = std::make_unique<LeaseKeeper>(ko, [](LeaseKeeper::State s, const std::string& why) {
-      if (s == LeaseKeeper::State::active) log::info("lease renewed after jeopardy", {log::kv("why", why)});
-      else log::warn("lease state", {log::kv("state", LeaseKeeper::to_string(s)), log::kv("why", why)});
-    });
+    // --- 1. Lease (etcd) or session (ZooKeeper) or lock TTL (Redis).
+    std::unique_ptr<Candidacy> term;
     Status st;
-    Waited w = run_watched([&](const std::atomic<bool>&) { st = keeper->start(); }, nullptr);
+    Waited w = run_watched([&](const std::atomic<bool>&) { st = backend_->start(co, &term); }, nullptr);
     if (w.why == Interrupt::signal) {
-      if (st.ok()) keeper->revoke(2000ms);
+      if (st.ok()) term->give_up(false);
       return 128 + w.sig;
     }
     if (!st.ok()) {
-      log::error("could not grant a lease", {log::kv("etcd", f_.etcd.front()), log::kv("error", st.to_string())});
+      log::error("could not grant a lease",
+                 {log::kv("coordinator", f_.coordinator.text), log::kv("backend", kind_name(f_.coordinator.kind)),
+                  log::kv("error", st.to_string())});
       if (first_term) return kExitUnavailable;
       if (int sig = sleep_watching(backoff)) return 128 + sig;
       backoff = std::min(backoff * 2, milliseconds(5000));
       continue;
     }
     first_term = false;
-    const std::int64_t lease = keeper->lease_id();
-    log::info("lease granted", {log::kv("lease", lease), log::kv("ttl_s", keeper->ttl_seconds()),
-                                log::kv("margin_ms", keeper->margin().count()),
-                                log::kv("renew_every_ms", keeper->renew_every().count())});
 
     // --- 2. Campaign (blocks until elected).
-    revoke_leftovers();
     log::info("campaigning", {log::kv("election", f_.election), log::kv("id", f_.id)});
-    LeaderKey lk;
+    metrics_.campaign();
+    const auto campaign_started = std::chrono::steady_clock::now();
+    std::int64_t token = 0;
     Status cst;
     for (;;) {
-      w = run_watched(
-          [&](const std::atomic<bool>& cancel) { cst = client_.campaign(f_.election, lease, f_.id, &lk, &cancel); },
-          keeper.get());
-      // A campaign cut off (etcd restarted, a broken connection) while the lease is still valid
-      // campaigns again with it: etcd takes up the lease's key where it is in line. A new lease
-      // would queue a second key behind the first, which leads with no process behind it.
-      if (w.why == Interrupt::none && !cst.ok() && keeper->valid()) {
+      w = run_watched([&](const std::atomic<bool>& cancel) { cst = term->campaign(cancel, &token); }, term.get());
+      // A campaign cut off (the coordinator restarted, a broken connection) while the lease is
+      // still valid campaigns again with it: the candidate keeps its place in line. A new lease
+      // would queue a second candidate behind the first, which leads with no process behind it.
+      if (w.why == Interrupt::none && !cst.ok() && term->valid()) {
         log::warn("campaign interrupted; campaigning again with the same lease", {log::kv("error", cst.to_string())});
         if (int sig = sleep_watching(backoff)) {
-          give_up(*keeper, std::nullopt);
+          term->give_up(false);
           return 128 + sig;
         }
         backoff = std::min(backoff * 2, milliseconds(5000));
@@ -277,34 +293,53 @@ int Elect::run() {
     }
     if (w.why == Interrupt::signal) {
       log::info("signal while campaigning: giving up", {log::kv("signal", w.sig)});
-      give_up(*keeper, std::nullopt);
+      term->give_up(false);
       return 128 + w.sig;
     }
     if (w.why == Interrupt::lease || !cst.ok()) {
       log::warn("campaign ended without leadership; starting over",
                 {log::kv("error", w.why == Interrupt::lease ? std::string("lease not valid") : cst.to_string())});
-      give_up(*keeper, std::nullopt);
+      term->give_up(false);
       if (int sig = sleep_watching(backoff)) return 128 + sig;
       backoff = std::min(backoff * 2, milliseconds(5000));
       continue;
     }
-    // Belt and braces: the leader key is ours and the token is its creation revision.
-    KeyValue cur;
-    Status lst = client_.leader(f_.election, &cur);
-    if (!lst.ok() || cur.key != lk.key || cur.create_revision != lk.rev || !keeper->valid()) {
+    // Belt and braces: the election's leader is ours, with this token.
+    const auto won_at = std::chrono::steady_clock::now();
+    Status lst = term->confirm(token);
+    if (!lst.ok() || !term->valid()) {
       log::warn("elected, but the leader key is not ours any more; starting over",
-                {log::kv("error",
-                         lst.ok() ? std::string("leader key ") + cur.key + " rev " + std::to_string(cur.create_revision)
-                                  : lst.to_string())});
-      give_up(*keeper, lk);
+                {log::kv("error", lst.ok() ? std::string("lease not valid") : lst.to_string())});
+      term->give_up(true);
       if (int sig = sleep_watching(backoff)) return 128 + sig;
       continue;
     }
     backoff = 500ms;
-    const std::int64_t token = lk.rev;
     log::info("elected", {log::kv("election", f_.election), log::kv("id", f_.id), log::kv("token", token),
-                          log::kv("key", lk.key), log::kv("lease", lease)});
-    KeyGuard guard(client_options(), client_, lk, std::min<milliseconds>(1000ms, milliseconds(f_.ttl * 1000 / 3)));
+                          log::kv("backend", kind_name(f_.coordinator.kind)), log::kv("key", term->handle())});
+    term->guard();
+    const auto confirmed_at = std::chrono::steady_clock::now();
+    metrics_.stage("acquire", confirmed_at - won_at);
+
+    // --- 3a. Catch-up (--catch-up): recover state before activation, with the token.
+    if (!f_.catch_up.empty()) {
+      const int cu = catch_up(token, *term);
+      metrics_.stage("catch_up", std::chrono::steady_clock::now() - confirmed_at);
+      if (cu != 0) {
+        metrics_.loss("catch_up");
+        term->give_up(true);
+        if (cu > 0) return 128 + cu;
+        if (!f_.recampaign) {
+          log::error("activation barrier failed (catch-up): not starting the command",
+                     {log::kv("exit_code", kExitFenceFailed)});
+          return kExitFenceFailed;
+        }
+        log::warn("activation barrier failed (catch-up): campaigning again");
+        if (int sig = sleep_watching(2000ms)) return 128 + sig;
+        continue;
+      }
+    }
+    const auto caught_up_at = std::chrono::steady_clock::now();
 
     // --- 3. Activation barrier: every fence has durably advanced to `token`.
     if (!f_.fence_token_file.empty()) {  // rotated since the last term? (kept if unreadable or refused now)
@@ -324,18 +359,21 @@ int Elect::run() {
           for (std::size_t i = 0; i < f_.fences.size() && fr == FenceResult::ok; ++i)
             fr = fence_one(barrier, f_.fences[i], f_.fence_urls[i], token, cancel);
         },
-        keeper.get());
+        term.get());
     if (w.why == Interrupt::signal) {
-      give_up(*keeper, lk);
+      term->give_up(true);
       return 128 + w.sig;
     }
-    if (w.why == Interrupt::lease || !keeper->valid()) {
+    if (w.why == Interrupt::lease || !term->valid()) {
       log::warn("lease not valid before the command started; starting over");
-      give_up(*keeper, lk);
+      term->give_up(true);
       continue;
     }
+    const auto fenced_at = std::chrono::steady_clock::now();
+    metrics_.stage("fence", fenced_at - caught_up_at);
     if (fr != FenceResult::ok) {
-      give_up(*keeper, lk);
+      metrics_.loss("fence");
+      term->give_up(true);
       if (!f_.recampaign) {
         log::error("activation barrier failed: not starting the command", {log::kv("exit_code", kExitFenceFailed)});
         return kExitFenceFailed;
@@ -346,36 +384,53 @@ int Elect::run() {
     }
 
     // --- 4. Run the command while the lease is valid and the leader key is ours.
-    if (guard.gone()) {
-      log::warn("the leader key was deleted before the command started; starting over", {log::kv("key", lk.key)});
-      give_up(*keeper, std::nullopt);
+    if (term->gone()) {
+      log::warn("the leader key was deleted before the command started; starting over",
+                {log::kv("key", term->handle())});
+      term->give_up(false);
       continue;
     }
-    if (!keeper->valid()) {
-      give_up(*keeper, lk);
+    if (!term->valid()) {
+      term->give_up(true);
       continue;
     }
     Guardian guardian;
-    pid_t pid = spawn(f_.command, child_env(f_, token), keeper->deadline() + keeper->margin(), &guardian);
+    pid_t pid = spawn(f_.command, child_env(f_, token), term->deadline() + term->margin(), &guardian);
     if (pid < 0) {
       log::error("could not start the command",
                  {log::kv("command", f_.command.front()), log::kv("error", std::strerror(errno))});
-      give_up(*keeper, lk);
+      term->give_up(true);
       return kExitUnavailable;
     }
     log::info("command started",
               {log::kv("pid", pid), log::kv("token", token), log::kv("command", f_.command.front())});
+    {
+      const auto started_at = std::chrono::steady_clock::now();
+      metrics_.stage("start", started_at - fenced_at);
+      metrics_.set_ready(true, token);
+      auto ms = [](auto d) { return std::chrono::duration_cast<milliseconds>(d).count(); };
+      // The failover as this candidate saw it. Detection of the predecessor's loss and the
+      // election itself are one wait from here (the coordinator hands over when it sees the loss).
+      log::info("failover breakdown",
+                {log::kv("token", token), log::kv("detection_election_ms", ms(won_at - campaign_started)),
+                 log::kv("acquire_ms", ms(confirmed_at - won_at)),
+                 log::kv("catch_up_ms", ms(caught_up_at - confirmed_at)),
+                 log::kv("fencing_ms", ms(fenced_at - caught_up_at)), log::kv("start_ms", ms(started_at - fenced_at)),
+                 log::kv("active_after_win_ms", ms(started_at - won_at))});
+    }
     if (guardian.pid < 0)
       log::warn("could not start the command's guardian: if elect is killed, the command's children may outlive it");
-    const Supervised ended = supervise(pid, token, lk, *keeper, guard, guardian);
+    const Supervised ended = supervise(pid, token, *term, guardian);
+    metrics_.set_ready(false);
     const int wstatus = ended.wstatus;
     const bool lost = ended.lost;
     release_guardian(guardian);  // the command is reaped and its group killed
+    stop_leftovers();            // and what left the group (setsid, a daemon): elect is their subreaper
 
     // --- 5. Resign and revoke.
     if (lost) {
       log::info("command stopped", {log::kv("pid", pid), log::kv("status", exit_code_of(wstatus))});
-      give_up(*keeper, lk);
+      term->give_up(true);
       if (f_.recampaign) {
         log::info("campaigning again (--recampaign)");
         if (int sig = sleep_watching(500ms)) return 128 + sig;
@@ -386,7 +441,7 @@ int Elect::run() {
     }
     const int code = exit_code_of(wstatus);
     log::info("command exited", {log::kv("pid", pid), log::kv("exit_code", code)});
-    give_up(*keeper, lk);
+    term->give_up(true);
     return code;
   }
 }
@@ -422,8 +477,26 @@ std::string default_id() {
 }
 
 int run_elect(ElectOptions options) {
-  install_elect_signals();
-  return Elect(std::move(options)).run();
+  std::string why;
+  std::unique_ptr<Backend> backend = make_backend(options.coordinator, &why);
+  if (!backend) {
+    log::error("cannot use the coordinator", {log::kv("coordinator", options.coordinator.text), log::kv("error", why)});
+    return kExitUsage;
+  }
+  install_elect_signals();  // before the status server's thread: every thread blocks elect's signals
+  if (!become_subreaper())
+    log::warn("could not become a child subreaper: processes that leave the command's process group survive it");
+  ElectMetrics metrics;
+  StatusServer status(metrics);
+  if (!options.status_listen.empty()) {
+    if (std::string e = status.start(options.status_listen); !e.empty()) {
+      log::error("--status-listen: cannot serve", {log::kv("error", e)});
+      return kExitUnavailable;
+    }
+    log::info("status: serving /readyz and /metrics",
+              {log::kv("listen", options.status_listen), log::kv("port", status.port())});
+  }
+  return Elect(std::move(options), std::move(backend), metrics).run();
 }
 
 }  // namespace fencegate::election

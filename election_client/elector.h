@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "election_client/backend.h"
 #include "election_client/http_conn.h"
 
 namespace fencegate::election {
@@ -37,7 +38,7 @@ constexpr int kExitFenceFailed = 76;      // the activation barrier could not be
 
 // What one elect run does; validated by the caller (cmd/elect.cpp).
 struct ElectOptions {
-  std::vector<std::string> etcd;  // normalised endpoints, at least one
+  Coordinator coordinator;  // etcd, ZooKeeper or Redis (backend.h)
   std::string election;
   std::string id;  // FENCING_LEADER_ID; never empty
   std::int64_t ttl = 10;
@@ -51,6 +52,11 @@ struct ElectOptions {
   bool recampaign = false;
   std::int64_t grace_ms = 5000;
   std::vector<std::string> command;  // non-empty
+  // The activation barrier's catch-up (issue 31): `sh -c catch_up` with the token in its
+  // environment, after winning and before the fences; must exit 0 within catch_up_timeout_ms.
+  std::string catch_up;
+  std::int64_t catch_up_timeout_ms = 60000;
+  std::string status_listen;  // "host:port": /readyz and /metrics (status_server.h); "" for none
 };
 
 // Runs elect until the command ends, leadership is lost (without recampaign), or a stop signal.

@@ -18,7 +18,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <vector>
 
 #include "election_client/elect_signals.h"
 
@@ -159,6 +163,69 @@ void set_guardian(Guardian& g, Clock::time_point at) {
 // Tells the guardian the lease's new earliest expiry (after a renewal).
 void extend_guardian(Guardian& g, Clock::time_point expiry) {
   if (boot_ns(expiry) > g.sent) set_guardian(g, expiry);
+}
+
+bool become_subreaper() { return prctl(PR_SET_CHILD_SUBREAPER, 1) == 0; }
+
+namespace {
+
+// The parent pid of `pid` from /proc/<pid>/stat, or -1.
+pid_t parent_of(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char buf[512];
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  buf[n] = '\0';
+  const char* close_paren = std::strrchr(buf, ')');
+  if (!close_paren) return -1;
+  char state = 0;
+  int ppid = -1;
+  if (std::sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2) return -1;
+  return static_cast<pid_t>(ppid);
+}
+
+std::vector<pid_t> descendants(pid_t root) {
+  std::vector<std::pair<pid_t, pid_t>> all;  // pid, parent
+  if (DIR* d = opendir("/proc")) {
+    while (dirent* e = readdir(d)) {
+      char* end = nullptr;
+      long v = std::strtol(e->d_name, &end, 10);
+      if (!end || *end != '\0' || v <= 0) continue;
+      const auto pid = static_cast<pid_t>(v);
+      all.emplace_back(pid, parent_of(pid));
+    }
+    closedir(d);
+  }
+  std::vector<pid_t> out{root};
+  for (std::size_t i = 0; i < out.size(); ++i)
+    for (const auto& [pid, parent] : all)
+      if (parent == out[i] && pid != root) out.push_back(pid);
+  out.erase(out.begin());
+  return out;
+}
+
+}  // namespace
+
+int kill_descendants(std::chrono::milliseconds within) {
+  const pid_t self = getpid();
+  const auto until = std::chrono::steady_clock::now() + within;
+  int killed = 0;
+  for (;;) {
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    const std::vector<pid_t> left = descendants(self);
+    if (left.empty() || std::chrono::steady_clock::now() >= until) return killed;
+    for (pid_t p : left)
+      if (kill(p, SIGKILL) == 0) ++killed;
+    struct timespec ts {
+      0, 10 * 1000 * 1000
+    };
+    nanosleep(&ts, nullptr);
+  }
 }
 
 void release_guardian(Guardian& g) {

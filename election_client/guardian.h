@@ -72,6 +72,17 @@ void release_guardian(Guardian& g);
 // yet -- reaps it and sets *wstatus.
 bool reap_command(pid_t pid, int* wstatus);
 
+// Processes that leave the command's process group (setsid, a daemonizing double fork) are not
+// reached by killing the group. elect makes itself a child subreaper (PR_SET_CHILD_SUBREAPER):
+// such a process, once its parent exits, becomes elect's child instead of init's, so elect can
+// find it. Returns false if the kernel refused.
+bool become_subreaper();
+
+// SIGKILLs every descendant of this process (found by walking /proc's parent links) and reaps
+// them, until none is left or `within` passed. Call only once the command, the catch-up and their
+// guardians are reaped (it reaps any child). Returns how many it killed.
+int kill_descendants(std::chrono::milliseconds within);
+
 // The exit code a wait status stands for: the exit status, or 128+N if killed by signal N.
 int exit_code_of(int wstatus);
 

@@ -315,6 +315,35 @@ std::string write_probe(sqlite3* db) {
   return e;
 }
 
+std::string room_probe(sqlite3* db, int pages) {
+  std::int64_t page_size = 0, cache = 0;
+  std::string msg;
+  if (!query_int(db, "PRAGMA page_size", &page_size, &msg) || !query_int(db, "PRAGMA cache_size", &cache, &msg))
+    return msg;
+  if (auto e = exec(db, "PRAGMA cache_size = 2"); !e.empty()) return e;
+  std::string e = exec(db, "BEGIN IMMEDIATE");
+  if (e.empty()) {
+    e = exec(db, "CREATE TABLE fencegate_room_probe(b BLOB)");
+    if (e.empty())
+      e = exec(db,
+               ("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < " + std::to_string(pages) +
+                ") INSERT INTO fencegate_room_probe SELECT zeroblob(" + std::to_string(page_size * 3 / 4) + ") FROM n")
+                   .c_str());
+    if (!sqlite3_get_autocommit(db)) exec(db, "ROLLBACK");
+  }
+  exec(db, ("PRAGMA cache_size = " + std::to_string(cache)).c_str());
+  return e;
+}
+
+bool has_column(sqlite3* db, const char* table, const char* column) {
+  sqlite3_stmt* st = nullptr;
+  bool found = false;
+  if (sqlite3_prepare_v2(db, ("PRAGMA table_info(" + std::string(table) + ")").c_str(), -1, &st, nullptr) == SQLITE_OK)
+    while (!found && sqlite3_step(st) == SQLITE_ROW) found = col_text(st, 1) == column;
+  sqlite3_finalize(st);
+  return found;
+}
+
 // Sets up the writer connection: WAL, synchronous=FULL, schema. Returns "" or an error.
 std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (auto e = probe(db, path); !e.empty()) return e;
@@ -331,6 +360,12 @@ std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (auto e = exec(db, "PRAGMA synchronous = FULL"); !e.empty())
     return "cannot set synchronous=FULL on database " + path + ": " + e;
   if (auto e = migrate(db, path); !e.empty()) return e;
+  // Additive migration, without a schema version of its own: audit rows gained `traceparent` (the
+  // request's W3C trace context). A database from before gets the column (empty in its old rows)
+  // the first time it is opened for writing; an older fencegate still reads and writes it.
+  if (!has_column(db, "audit", "traceparent"))
+    if (auto e = exec(db, "ALTER TABLE audit ADD COLUMN traceparent TEXT NOT NULL DEFAULT ''"); !e.empty())
+      return "cannot add the audit log's traceparent column to database " + path + ": " + e;
   size_wal(db, path);
   return {};
 }

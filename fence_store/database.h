@@ -34,6 +34,13 @@ int take_lock(const std::string& path, std::string* error, int* db_fd);
 
 // A real write transaction that changes nothing. Returns "" or SQLite's error.
 std::string write_probe(sqlite3* db);
+// Whether the write-ahead log has room for `pages` more frames (what an advance of new resources
+// needs), without committing anything: a rolled-back transaction spills them there. Returns "" or
+// SQLite's error ("database or disk is full"). For readiness after a failed commit: the one-page
+// write_probe can fit where a commit of new resources cannot.
+std::string room_probe(sqlite3* db, int pages);
+// Whether `table` has a column `column` (false on any error).
+bool has_column(sqlite3* db, const char* table, const char* column);
 // Configures the writer's connection (WAL, synchronous=FULL, ...) and migrates the schema.
 // Returns "" or the error.
 std::string prepare_writer(sqlite3* db, const std::string& path);

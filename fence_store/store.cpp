@@ -43,10 +43,13 @@ std::int64_t now_ms() {
 constexpr unsigned kResource = 1, kDecision = 2, kLeader = 4, kSince = 8, kUntil = 16, kBefore = 32, kAfter = 64;
 constexpr unsigned kFilterCount = 128;  // every combination of the filters above
 
-std::string audit_query_sql(unsigned mask) {
+// `traceparent`: whether the audit table has that column (a database no newer fencegate has
+// written to yet does not: its rows read as "").
+std::string audit_query_sql(unsigned mask, bool traceparent) {
   std::string sql =
       "SELECT id, time_ms, resource, decision, presented_generation, current_generation, method, target,"
-      " client, leader, mode, user_agent FROM audit WHERE 1";
+      " client, leader, mode, user_agent, " +
+      std::string(traceparent ? "traceparent" : "''") + " FROM audit WHERE 1";
   if (mask & kResource) sql += " AND resource = :resource";
   if (mask & kDecision) sql += " AND decision = :decision";
   if (mask & kLeader) sql += " AND leader = :leader";
@@ -117,7 +120,8 @@ class Reader {
                     (q.until_ms == 0 ? 0u : kUntil) | (q.before_id == 0 ? 0u : kBefore) |
                     (q.after_id > 0 ? kAfter : 0u);
     sqlite3_stmt*& st = audit_[mask];
-    if (!st && !prepare(audit_query_sql(mask).c_str(), &st, status)) return out;
+    if (!st && !prepare(audit_query_sql(mask, has_column(db_, "audit", "traceparent")).c_str(), &st, status))
+      return out;
     auto idx = [&](const char* name) { return sqlite3_bind_parameter_index(st, name); };
     if (mask & kResource) bind_text(st, idx(":resource"), q.resource);
     if (mask & kDecision) bind_text(st, idx(":decision"), q.decision);
@@ -144,6 +148,7 @@ class Reader {
       r.row.leader = col_text(st, 9);
       r.row.mode = col_text(st, 10);
       r.row.user_agent = col_text(st, 11);
+      r.row.traceparent = col_text(st, 12);
       out.push_back(std::move(r));
     }
     finish(st, rc, status);
@@ -216,7 +221,8 @@ class OwnedStore final : public TestableStore {
          " advanced_at_ms = excluded.advanced_at_ms, advanced_by = excluded.advanced_by"
          " WHERE excluded.generation > resources.generation"),
         ("INSERT INTO audit(time_ms, resource, decision, presented_generation, current_generation, method,"
-         " target, client, leader, mode, user_agent) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
+         " target, client, leader, mode, user_agent, traceparent)"
+         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
         // Retention: each runs in autocommit mode, one chunk per transaction. A DELETE that matches
         // nothing writes no WAL frame, so an idle check costs an index probe and no fsync.
         "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)",
@@ -559,6 +565,7 @@ class OwnedStore final : public TestableStore {
         bind_text(st, 9, r.leader);
         bind_text(st, 10, r.mode);
         bind_text(st, 11, r.user_agent);
+        bind_text(st, 12, r.traceparent);
       }
       ok = step(st, &err);
       sqlite3_clear_bindings(st);
@@ -636,8 +643,9 @@ class OwnedStore final : public TestableStore {
     last_health_ = now;
     Status s = check_files();
     if (s.ok() && failing_) {
-      if (std::string e = write_probe(wdb_); !e.empty())
-        s = Status::Error("store commit failed on " + path_ + ": " + e);
+      std::string e = write_probe(wdb_);
+      if (e.empty()) e = room_probe(wdb_, kRoomProbePages);  // room for an advance, not only one page
+      if (!e.empty()) s = Status::Error("store commit failed on " + path_ + ": " + e);
     }
     if (s.ok() && !failing_) return;  // healthy and known to be
     failing_ = !s.ok();
@@ -655,6 +663,7 @@ class OwnedStore final : public TestableStore {
   }
 
   static constexpr std::chrono::milliseconds kHealthInterval{1000};
+  static constexpr int kRoomProbePages = 16;  // WAL frames a batch of new resources may need
   bool failing_ = false;     // the last commit or check failed (store thread only)
   bool files_lost_ = false;  // check_files() found them gone: no more commits (store thread only)
   std::string lost_why_;

@@ -51,6 +51,7 @@ struct AuditRow {
   std::string leader;                     // Fencing-Leader header ("" if absent)
   std::string mode;                       // enforce | observe
   std::string user_agent;
+  std::string traceparent;                // W3C trace context of the request ("" if none or invalid)
 };
 
 // Every decision an audit row can record (what the proxy writes; queries filter on these).

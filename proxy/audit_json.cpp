@@ -80,6 +80,8 @@ void append_audit_row_json(std::string* out, const store::AuditRecord& rec) {
   json_string(out, r.mode);
   *out += ",\"user_agent\":";
   json_string(out, r.user_agent);
+  *out += ",\"traceparent\":";  // W3C trace context of the request; "" when it had none
+  json_string(out, r.traceparent);
   *out += '}';
 }
 

@@ -3,6 +3,7 @@
 #include "proxy/authority.h"
 
 #include <algorithm>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "election_client/base64.h"
@@ -125,6 +126,23 @@ Authority::Authority(config::Authority cfg, OnNewLeader on_new_leader)
   client_options_.endpoints = cfg_.etcd;
   client_options_.request_timeout = kRequestTimeout;
   client_options_.connect_timeout = kConnectTimeout;
+  if (!cfg_.coordinator.empty()) {
+    // issue 31: a ZooKeeper or Redis election, observed through the election client's backend.
+    election::Coordinator c;
+    std::string why;
+    if (!election::parse_coordinator(cfg_.coordinator, &c, &why))
+      throw std::invalid_argument("authority.coordinator: " + why);
+    if (!cfg_.auth_file.empty()) {
+      // Checked by the config's validation; a file changed since then is reported here.
+      if (auto e = election::read_coordinator_auth(cfg_.auth_file, &c); !e.empty())
+        log::error("authority: the auth_file cannot be used; going on without auth",
+                   {log::kv("election", cfg_.election), log::kv("error", e)});
+    }
+    backend_ = election::make_backend(c, &why);
+    if (!backend_) throw std::invalid_argument("authority.coordinator: " + why);
+    observer_ = backend_->observer();
+    return;
+  }
   client_ = std::make_unique<election::Client>(client_options_);
 }
 
@@ -225,8 +243,9 @@ void Authority::announce() {
 AuthorityCheck Authority::confirm(std::int64_t g) {
   AuthorityCheck c = check(g);
   if (c.verdict != AuthorityVerdict::not_leader && c.verdict != AuthorityVerdict::unknown_generation) return c;
-  election::Client client(client_options_);  // the loop's client is the loop thread's
-  if (!resync(client)) {
+  std::unique_ptr<election::Client> client;
+  if (!polled()) client = std::make_unique<election::Client>(client_options_);  // the loop's is the loop thread's
+  if (!(polled() ? resync_polled() : resync(*client))) {
     // Not confirmed either way: a retryable 503, never a refusal that may only be our lag.
     c.verdict = AuthorityVerdict::unavailable;
     c.why = "could not confirm generation " + std::to_string(g) + " with etcd (election " + cfg_.election + ")";
@@ -349,7 +368,67 @@ void Authority::start_watch_locked_out(std::int64_t from) {
   watch_->start();
 }
 
+// issue 31: the election as the coordinator shows it now; contact counts from the request's sending.
+bool Authority::resync_polled() {
+  std::lock_guard ol(observer_mu_);  // one snapshot at a time, applied in the order taken
+  const auto sent = Clock::now();
+  election::ElectionSnapshot snap;
+  election::Status st = observer_->snapshot(cfg_.election, kRequestTimeout, &snap);
+  if (!st.ok()) {
+    log::debug("authority: snapshot failed", {log::kv("election", cfg_.election), log::kv("error", st.to_string())});
+    return false;
+  }
+  std::vector<election::KeyValue> kvs;
+  for (const auto& cand : snap.candidates) {
+    election::KeyValue kv;
+    kv.key = cand.key;
+    kv.create_revision = cand.token;
+    kv.mod_revision = cand.token;
+    kv.value = cand.id;
+    kvs.push_back(std::move(kv));
+  }
+  {
+    std::lock_guard lk(mu_);
+    view_.resync(kvs, ++polls_);
+    if (!contacted_ || sent > last_contact_) last_contact_ = sent;
+    contacted_ = true;
+    after_change_locked();
+  }
+  announce();
+  return true;
+}
+
+void Authority::polled_loop() {
+  log::info("authority: polling election",
+            {log::kv("election", cfg_.election), log::kv("coordinator", cfg_.coordinator)});
+  bool was_available = true;
+  for (;;) {
+    {
+      std::lock_guard lk(mu_);
+      if (stopping_) break;
+    }
+    resync_polled();
+    Health s = health();
+    if (s.available != was_available) {
+      if (s.available)
+        log::info("authority: coordinator reachable",
+                  {log::kv("election", cfg_.election), log::kv("leader", s.leader)});
+      else
+        log::warn("authority: coordinator unreachable beyond the window; fenced writes get 503",
+                  {log::kv("election", cfg_.election), log::kv("window_ms", s.window_ms),
+                   log::kv("ms_since_contact", s.ms_since_contact)});
+      was_available = s.available;
+    }
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, std::clamp(window_locked() / 3, kMinProbe, kMaxProbe), [&] { return stopping_; });
+  }
+}
+
 void Authority::loop() {
+  if (polled()) {
+    polled_loop();
+    return;
+  }
   log::info("authority: watching election", {log::kv("election", cfg_.election), log::kv("prefix", prefix_),
                                              log::kv("etcd", cfg_.etcd.empty() ? std::string() : cfg_.etcd.front())});
   bool was_available = true;

@@ -46,6 +46,7 @@
 #include "common/boot_clock.h"
 #include "config/config.h"
 #include "config/router.h"
+#include "election_client/backend.h"
 #include "election_client/etcd_client.h"
 #include "election_client/watch.h"
 
@@ -160,7 +161,12 @@ class Authority {
 
  private:
   void loop();
-  bool resync() { return resync(*client_); }
+  // A ZooKeeper or Redis authority (config "coordinator"): no watch, a snapshot of the election
+  // (every candidate node and its czxid; the lock's holder and generation) every probe.
+  void polled_loop();
+  bool resync_polled();
+  bool polled() const { return observer_ != nullptr; }
+  bool resync() { return polled() ? resync_polled() : resync(*client_); }
   bool resync(election::Client& client);  // range the prefix; returns true iff etcd answered
   void fetch_ttl();
   void start_watch_locked_out(std::int64_t from);
@@ -176,7 +182,11 @@ class Authority {
   const std::string prefix_;
   const OnNewLeader on_new_leader_;
   election::ClientOptions client_options_;
-  std::unique_ptr<election::Client> client_;
+  std::unique_ptr<election::Client> client_;  // etcd only
+  std::unique_ptr<election::Backend> backend_;   // ZooKeeper, Redis (issue 31)
+  std::unique_ptr<election::Observer> observer_;  // Guarded by observer_mu_ (used by the loop and confirm())
+  std::mutex observer_mu_;
+  std::int64_t polls_ = 0;  // Guarded by mu_: the view's revision for polled snapshots
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

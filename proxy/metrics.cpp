@@ -100,6 +100,20 @@ bool Metrics::has_label(std::string_view resource) const {
   return resources_.find(resource) != resources_.end();
 }
 
+bool Metrics::totals(std::string_view resource, std::uint64_t* writes, std::uint64_t* refusals) const {
+  std::shared_lock lk(mu_);
+  auto it = resources_.find(resource);
+  if (it == resources_.end()) return false;
+  *writes = *refusals = 0;
+  for (int i = 0; i < static_cast<int>(Outcome::kCount); ++i) {
+    const std::uint64_t v = it->second->by_outcome[i].load(std::memory_order_relaxed);
+    *writes += v;
+    const std::string_view name = to_string(static_cast<Outcome>(i));
+    if (name.starts_with("rejected_") || name.starts_with("would_reject_")) *refusals += v;
+  }
+  return true;
+}
+
 void Metrics::render(std::string& out) const {
   out += "# HELP fencegate_requests_total Requests by resource and fence decision.\n";
   out += "# TYPE fencegate_requests_total counter\n";

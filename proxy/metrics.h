@@ -92,6 +92,11 @@ class Metrics {
   // True iff `resource` has its own label (for rendering per-resource gauges under the cap).
   bool has_label(std::string_view resource) const;
 
+  // The operator's view (GET /v1/resources, the status page): a labelled resource's requests so far,
+  // as `writes` (every request the fence decided on) and `refusals` (refused or would-be refused
+  // by the fence: rejected_* and would_reject_*). False for a resource without a label of its own.
+  bool totals(std::string_view resource, std::uint64_t* writes, std::uint64_t* refusals) const;
+
  private:
   const std::size_t max_labels_;
   mutable std::shared_mutex mu_;

@@ -8,6 +8,7 @@
 #include <sys/ioctl.h>
 
 #include "proxy/authority.h"
+#include "proxy/traceparent.h"
 
 namespace fencegate::proxy {
 
@@ -246,6 +247,7 @@ task<bool> Session::discard(std::uint64_t n) {
 }
 
 task<store::Status> Session::audit_sync(store::AuditRow& row) {
+  row.traceparent = traceparent_of(sc_->head);  // the caller's trace, to find the refusal from it
   auto slot = std::make_shared<CrossThreadResult<store::Status>>(w_);
   rt_.store.append_audit(std::move(row),
                          [slot](store::Status st) { CrossThreadResult<store::Status>::fulfil(slot, std::move(st)); });
@@ -505,7 +507,10 @@ void Session::admitted(RequestState& rq) {
   Admission& a = rq.admission;
   rq.fence.generation = a.generation;
   if (!a.observe.empty()) rq.fence.observe = a.observe;
-  if (a.audit) rt_.store.append_audit(std::move(*a.audit), nullptr);
+  if (a.audit) {
+    a.audit->traceparent = traceparent_of(sc_->head);
+    rt_.store.append_audit(std::move(*a.audit), nullptr);
+  }
   note_admission(a, rq);
 }
 
@@ -600,7 +605,7 @@ void Session::note_admission(const Admission& a, const RequestState& rq) {
              {log::kv("decision", to_string(o)), log::kv("resource", resource), log::kv("presented_generation", g),
               log::kv("current_generation", a.current), log::kv("leader", rq.token.leader),
               log::kv("client", client_ip_), log::kv("method", sc_->head.method),
-              log::kv("target", sc_->head.target.substr(0, 256))});
+              log::kv("target", sc_->head.target.substr(0, 256)), log::kv("traceparent", traceparent_of(sc_->head))});
 }
 
 // A request refused before its body was read keeps the connection only if its body is small

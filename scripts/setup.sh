@@ -15,6 +15,7 @@ packages=(
   redis-server libhiredis-dev          # the Redis token source and its tests' server
   prometheus                           # promtool and a real Prometheus for the alert tests
   chromium chromium-driver python3-selenium  # the status page, tested in a real browser
+  python3-yaml                         # the monitoring test reads the alert rules
 )
 
 missing=()

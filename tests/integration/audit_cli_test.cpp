@@ -162,7 +162,7 @@ TEST_CASE("audit: --json lines carry exactly the documented keys") {
   REQUIRE(ls.size() == 5);
   const std::vector<std::string> want = {"id",     "time",   "resource", "decision", "presented_generation",
                                          "current_generation", "method", "target", "client", "leader", "mode",
-                                         "user_agent"};
+                                         "user_agent", "traceparent"};
   for (const auto& l : ls) {
     INFO(l);
     CHECK(l.front() == '{');
@@ -316,7 +316,7 @@ TEST_CASE("audit --follow prints the backlog oldest first, then rows committed l
   const std::vector<std::string> want = {"/orders/2", "/orders/new", "/orders/live-1", "/orders/live-2",
                                          "/orders/live-3"};
   CHECK(targets(p.log()) == want);
-  for (const auto& l : lines(p.log())) CHECK(json_keys(l).size() == 12);
+  for (const auto& l : lines(p.log())) CHECK(json_keys(l).size() == 13);
 
   CHECK(p.running());
   p.kill(SIGTERM);
