@@ -5,6 +5,7 @@
 #include "config/config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstring>
 #include <sstream>
@@ -360,6 +361,37 @@ std::string parse_section_int(std::string_view text, std::int64_t lo, std::int64
         [](const Config& c) { return std::to_string(c.admin.name); }, "N", help \
   }
 
+// Fleet (issue 33): "name" and "member" are 1-64 of [A-Za-z0-9._-] (they are parts of etcd keys).
+std::string set_fleet_id(std::string& out, std::string_view v) {
+  if (v.empty() || v.size() > 64 || !std::all_of(v.begin(), v.end(), [](char ch) {
+        return std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-';
+      }))
+    return "must be 1 to 64 characters of A-Z a-z 0-9 . _ - (got " + quote(v) + ")";
+  out = std::string(v);
+  return {};
+}
+// Fleet (issue 33): comma-separated http://host:port URLs (the JSON array is joined first).
+std::string set_fleet_etcd(Config& c, std::string_view v) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= v.size()) {
+    std::size_t comma = v.find(',', start);
+    std::string_view item = v.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    Endpoint ep;
+    if (item.substr(0, 7) != "http://" || item.size() > 512 ||
+        !parse_endpoint(item.substr(7,
+                                    item.size() > 7 && item.back() == '/' ? item.size() - 8 : std::string_view::npos),
+                        ep)
+             .empty())
+      return "each endpoint must be http://host:port (got " + quote(item) + ")";
+    out.emplace_back(item.back() == '/' ? item.substr(0, item.size() - 1) : item);
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  c.fleet.etcd = std::move(out);
+  return {};
+}
+
 const SectionField kSectionFieldRows[] = {
     {"admin.listen", JsonKind::string,
      [](Config& c, std::string_view v) { return parse_endpoint(v, c.admin.listen, 0, true); },
@@ -428,12 +460,35 @@ const SectionField kSectionFieldRows[] = {
        return {};
      },
      [](const Config& c) { return c.tls.min_version; }, "1.2|1.3", "lowest TLS version accepted"},
+    // Fleet (issue 33, docs/fleet.md)
+    {"fleet.etcd", JsonKind::string, set_fleet_etcd,
+     [](const Config& c) -> std::string {
+       std::string out;
+       for (const auto& e : c.fleet.etcd) out += (out.empty() ? "" : ",") + e;
+       return out.empty() ? "none" : out;
+     },
+     "URLS", "fleet: etcd endpoints, http://host:port, comma separated (JSON: an array); enables the fleet"},
+    {"fleet.name", JsonKind::string, [](Config& c, std::string_view v) { return set_fleet_id(c.fleet.name, v); },
+     [](const Config& c) { return c.fleet.name.empty() ? std::string("none") : c.fleet.name; }, "NAME",
+     "fleet: the fleet's name (keys under fencegate/fleet/NAME/)"},
+    {"fleet.member", JsonKind::string, [](Config& c, std::string_view v) { return set_fleet_id(c.fleet.member, v); },
+     [](const Config& c) { return c.fleet.member.empty() ? std::string("none") : c.fleet.member; }, "ID",
+     "fleet: this replica's member id, unique in the fleet"},
+    {"fleet.ttl_ms", JsonKind::integer,
+     [](Config& c, std::string_view v) {
+       std::int64_t ms = 0;
+       std::string err = parse_section_int(v, 2000, 600'000, ms);
+       if (err.empty()) c.fleet.ttl = std::chrono::milliseconds(ms);
+       return err;
+     },
+     [](const Config& c) { return std::to_string(c.fleet.ttl.count()); }, "MS",
+     "fleet: membership lease TTL in ms (2000..600000)"},
 };
 
 #undef FG_ADMIN_MS_FIELD
 #undef FG_ADMIN_COUNT_FIELD
 
-const char* const kSectionNames[] = {"admin", "audit", "tls"};
+const char* const kSectionNames[] = {"admin", "audit", "tls", "fleet"};
 
 }  // namespace
 

@@ -168,6 +168,15 @@ struct Config {
   // identity goes to the upstream in client_identity_header (a client's own is always dropped).
   Tls tls;
   std::string client_identity_header = "Fencing-Client-Identity";
+  // Fleet (issue 33, docs/fleet.md): one fence shared by several replicas on etcd. Off (the
+  // single-sidecar fence in SQLite) unless `etcd` is given; then name and member are required.
+  struct Fleet {
+    std::vector<std::string> etcd;  // "http://host:port" each
+    std::string name;               // the fleet: keys under fencegate/fleet/<name>/
+    std::string member;             // this replica's id, unique in the fleet
+    std::chrono::milliseconds ttl{5000};
+    bool enabled() const { return !etcd.empty(); }
+  } fleet;
 
   // Where the config came from (for reload and messages); empty for flag-only.
   std::string config_file;

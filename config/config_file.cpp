@@ -348,6 +348,18 @@ void parse_section(Config& c, const std::string& section, const json& j, std::ve
     std::string text;
     switch (f->kind) {
       case JsonKind::string:
+        if (path == "fleet.etcd" && v.is_array()) {  // fleet (issue 33): a list of URLs
+          bool ok = !v.empty();
+          for (const auto& e : v) {
+            ok = ok && e.is_string() && e.get<std::string>().find(',') == std::string::npos;
+            if (ok) text += (text.empty() ? "" : ",") + e.get<std::string>();
+          }
+          if (!ok) {
+            errors.push_back(path + ": must be a non-empty array of \"http://host:port\" strings (got " + got(v) + ")");
+            continue;
+          }
+          break;
+        }
         if (!get_string(v, path, text, errors)) continue;
         break;
       case JsonKind::integer:

@@ -237,6 +237,12 @@ void validate(Config& c, std::vector<std::string>& errors) {
                        quote(c.listen.to_string()) + ": a wildcard address takes port " +
                        std::to_string(c.listen.port) + " on every address)");
   }
+  // Fleet (issue 33, docs/fleet.md): all of etcd, name and member, or none.
+  if (c.fleet.enabled() || !c.fleet.name.empty() || !c.fleet.member.empty()) {
+    if (!c.fleet.enabled()) errors.push_back("fleet.etcd: required when fleet.name or fleet.member is set");
+    if (c.fleet.name.empty()) errors.push_back("fleet.name: required in a fleet");
+    if (c.fleet.member.empty()) errors.push_back("fleet.member: required in a fleet");
+  }
   if (c.db.empty()) errors.push_back("db: must not be empty");
   // A newline or other control character in the path (a stray "\n" from a secret or a heredoc)
   // would open a different, empty store: every stored generation silently gone.
@@ -394,6 +400,13 @@ std::vector<std::string> reload_incompatibilities(const Config& current, const C
   check("admin.listen", current.admin.listen.to_string(), next.admin.listen.to_string());
   // TLS (issue 27): the data listener's terminator starts with the process (certificates reload).
   check("tls", current.tls.enabled() ? "on" : "off", next.tls.enabled() ? "on" : "off");
+  // Fleet (issue 33): its membership runs from the start of the process.
+  auto fleet_text = [](const Config& c) {
+    std::string t = c.fleet.name + "/" + c.fleet.member + "/" + std::to_string(c.fleet.ttl.count());
+    for (const auto& e : c.fleet.etcd) t += " " + e;
+    return c.fleet.enabled() ? t : std::string("none");
+  };
+  check("fleet", fleet_text(current), fleet_text(next));
   // Authorities run their own etcd watches, started with the process: which routes have which
   // authority may not change on reload (routes without one may come and go).
   auto authorities = [](const Config& c) {

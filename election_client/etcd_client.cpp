@@ -282,4 +282,35 @@ Status Client::delete_range(std::string_view key, std::string_view range_end, st
   return Status::OK();
 }
 
+// Fleet (issue 33): compare-and-set transactions on mod_revision.
+Status Client::txn(const std::vector<TxnCompare>& compares, const std::vector<TxnOp>& success, bool* succeeded,
+                   ResponseHeader* header) {
+  json cmp = json::array();
+  for (const TxnCompare& c : compares)
+    cmp.push_back({{"key", base64_encode(c.key)},
+                   {"target", "MOD"},
+                   {"result", "EQUAL"},
+                   {"mod_revision", str64(c.mod_revision)}});
+  json ops = json::array();
+  for (const TxnOp& o : success) {
+    if (o.type == TxnOp::Type::put) {
+      json p = {{"key", base64_encode(o.key)}, {"value", base64_encode(o.value)}};
+      if (o.lease) p["lease"] = str64(o.lease);
+      ops.push_back({{"request_put", p}});
+    } else {
+      json d = {{"key", base64_encode(o.key)}};
+      if (!o.range_end.empty()) d["range_end"] = base64_encode(o.range_end);
+      ops.push_back({{"request_delete_range", d}});
+    }
+  }
+  std::string text;
+  Status st = call("/v3/kv/txn", json{{"compare", cmp}, {"success", ops}}.dump(), &text, options_.request_timeout);
+  if (!st.ok()) return st;
+  json j;
+  if (st = parse_object(text, &j); !st.ok()) return st;
+  if (header) *header = detail::header_from(j);
+  *succeeded = j.contains("succeeded") && j["succeeded"].is_boolean() && j["succeeded"].get<bool>();
+  return Status::OK();
+}
+
 }  // namespace fencegate::election

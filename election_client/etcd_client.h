@@ -62,6 +62,18 @@ struct LeaseGrant {
   std::int64_t ttl = 0;  // seconds, as granted (may exceed the request: etcd's minimum TTL)
 };
 
+// Fleet (issue 33): a transaction's parts. A compare checks a key's mod_revision (0: the key is
+// absent); an op puts (with an optional lease) or deletes a range ("" range_end: just `key`).
+struct TxnCompare {
+  std::string key;
+  std::int64_t mod_revision = 0;
+};
+struct TxnOp {
+  enum class Type { put, del } type = Type::put;
+  std::string key, value, range_end;
+  std::int64_t lease = 0;
+};
+
 class Client {
  public:
   // REQUIRES: options.endpoints are valid (parse_endpoint_list); throws std::invalid_argument if not.
@@ -99,6 +111,11 @@ class Client {
                ResponseHeader* header = nullptr);
   Status put(std::string_view key, std::string_view value, std::int64_t lease = 0, ResponseHeader* header = nullptr);
   Status delete_range(std::string_view key, std::string_view range_end, std::int64_t* deleted = nullptr);
+
+  // Fleet (issue 33): if every compare holds (mod_revision equal), runs `success`, else nothing.
+  // *succeeded says which; *header (optional) carries the transaction's revision.
+  Status txn(const std::vector<TxnCompare>& compares, const std::vector<TxnOp>& success, bool* succeeded,
+             ResponseHeader* header = nullptr);
 
   // The raw call: POSTs `body` to `path` (e.g. "/v3/kv/range") and returns the JSON text of a
   // 200 answer in *out, or the etcd error. `timeout` is shared among the endpoints (an attempt

@@ -12,6 +12,7 @@
 #include "proxy/admin_query.h"
 #include "proxy/admin_session.h"
 #include "proxy/admin_ui.h"
+#include "proxy/fleet.h"
 #include "proxy/runtime.h"
 
 namespace fencegate::proxy::admin_detail {
@@ -182,6 +183,12 @@ awaitable<Reply> AdminSession::route(const RequestHead& h, std::string_view body
   if (path == "/metrics") {
     if (!get) co_return method_not_allowed();
     co_return metrics();
+  }
+  if (path == "/v1/fleet" && rt.fleet) {  // fleet (docs/fleet.md)
+    if (!get) co_return method_not_allowed();
+    Reply r;
+    r.body = rt.fleet->status_json();
+    co_return r;
   }
   if (path == "/v1/resources") {
     if (!get) co_return method_not_allowed();

@@ -7,6 +7,7 @@
 #include "proxy/admin_query.h"
 #include "proxy/admin_session.h"
 #include "proxy/authority.h"
+#include "proxy/fleet.h"
 #include "proxy/metrics.h"
 #include "proxy/runtime.h"
 #include "proxy/timefmt.h"
@@ -19,6 +20,8 @@ Reply AdminSession::readyz() {
   std::string why;
   if (!rt.store_ok(&why)) return json_reply(503, {{"status", "not ready"}, {"reason", "store: " + why}});
   if (!rt.snapshot()) return json_reply(503, {{"status", "not ready"}, {"reason", "no config loaded"}});
+  if (rt.fleet && !rt.fleet->member())  // fleet (docs/fleet.md)
+    return json_reply(503, {{"status", "not ready"}, {"reason", "not a member of the fleet"}});
   return json_reply(200, {{"status", "ready"}});
 }
 
@@ -28,6 +31,7 @@ Reply AdminSession::metrics() {
   out.reserve(8192);
   rt.metrics.render(out);
   render_idempotency_keys(out, rt.store.key_counts());  // issue 30
+  if (rt.fleet) rt.fleet->render_metrics(out);  // fleet (docs/fleet.md)
   auto views = rt.fence.snapshot();
   auto stats = rt.fence.stats();
   out += "# HELP fencegate_generation Current durable generation per resource (labelled resources only).\n";

@@ -192,7 +192,13 @@ Admission decide_by_fence(const AdmissionInput& in, bool refuses) {
       // Observe mode forwards it all the same; the fence retries the generation until stored.
       a.outcome = Outcome::store_error;
       a.current = d.current;
-      if (refuses) {
+      if (refuses && d.fleet_unavailable) {  // fleet: this replica is not a member (docs/fleet.md)
+        a.step = AdmissionStep::refuse;
+        a.refusal = unavailable("fleet-unavailable", "Fleet membership unavailable",
+                                "this replica cannot show it is still a member of its fleet (etcd lease not "
+                                "renewed in time); nothing was forwarded",
+                                resource, g, d.current);
+      } else if (refuses) {
         a.step = AdmissionStep::refuse;
         a.refusal =
             unavailable("store-unavailable", "Fence store unavailable",

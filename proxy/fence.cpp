@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/boot_clock.h"
+
 namespace fencegate::proxy {
 
 namespace {
@@ -240,7 +242,7 @@ bool Fence::decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Dec
       *now = Decision{Verdict::stale, r->stored, r->seen, false};
       return true;
     }
-    if (g == r->stored && r->seen == r->stored && !r->advancing && r->observed == 0) {
+    if (g == r->stored && r->seen == r->stored && !r->advancing && r->observed == 0 && gate_open()) {
       link(r, node);
       *now = Decision{Verdict::admit, r->stored, r->seen, false};
       return true;
@@ -275,6 +277,12 @@ bool Fence::admit(const std::string& resource, std::int64_t g, const std::string
     }
     if (g < r->seen) {
       *now = Decision{Verdict::stale, r->stored, r->seen, false};
+      return true;
+    }
+    if (!gate_open()) {  // fleet: not a member (docs/fleet.md)
+      *now = Decision{Verdict::store_error, r->stored, r->seen, false, true};
+      std::lock_guard sl(stats_mu_);
+      ++stats_.fleet_refused;
       return true;
     }
     if (g == r->stored && r->seen == r->stored && !r->advancing && r->observed == 0) {  // the fast path
@@ -338,8 +346,11 @@ void Fence::proceed(FenceResource* r, After& after) {
     return;
   }
   r->advancing = false;
+  const bool gate = gate_open();
   for (auto& w : r->waiting) {
-    if (w.g == r->stored) {
+    if (w.g == r->stored && !gate) {  // fleet: not a member (docs/fleet.md)
+      after.calls.emplace_back(std::move(w.done), Decision{Verdict::store_error, r->stored, r->seen, false, true});
+    } else if (w.g == r->stored) {
       link(r, w.node);
       after.calls.emplace_back(std::move(w.done), Decision{Verdict::admit, r->stored, r->seen, false});
     } else {
@@ -381,8 +392,9 @@ void Fence::on_committed(FenceResource* r, std::int64_t target, const store::Sta
     if (!st.ok()) {
       // Fail closed: nothing parked is forwarded; `stored` stays as it was.
       r->advancing = false;
+      const bool lapsed = !gate_open();
       for (auto& w : r->waiting)
-        after.calls.emplace_back(std::move(w.done), Decision{Verdict::store_error, r->stored, r->seen, false});
+        after.calls.emplace_back(std::move(w.done), Decision{Verdict::store_error, r->stored, r->seen, false, lapsed});
       r->waiting.clear();
     } else {
       r->stored = std::max(r->stored, target);
@@ -639,6 +651,52 @@ void Fence::timer_loop() {
     }
     lk.lock();
   }
+}
+
+// --- Fleet (docs/fleet.md) ---
+
+bool Fence::gate_open() const {
+  return gate_ == nullptr || BootClock::now_ns() < gate_->load(std::memory_order_acquire);
+}
+
+void Fence::note_remote(const std::string& resource, std::int64_t g) {
+  FenceResource* r = find_or_create(resource);
+  if (!r) return;  // over max_resources: its writes are refused (overloaded) anyway
+  After after;
+  {
+    std::lock_guard lk(r->mu);
+    if (g < r->seen || g <= r->stored) return;
+    if (g > r->seen) {
+      r->seen = g;
+      r->seen_leader.clear();
+      for (auto& w : r->waiting)
+        after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
+      r->waiting.clear();
+    }
+    // Also when g == seen: an advance to it that failed (e.g. while not a member) is tried again,
+    // so the intent still waiting for this replica's acknowledgement gets it.
+    if (!r->advancing) start_advance(r, after);
+  }
+  run(after);
+}
+
+std::size_t Fence::abort_inflight() {
+  std::vector<FenceResource*> all;
+  {
+    std::lock_guard lk(map_mu_);
+    for (auto& [_, r] : resources_) all.push_back(r.get());
+  }
+  std::size_t aborted = 0;
+  for (FenceResource* r : all) {
+    std::lock_guard lk(r->mu);
+    for (InflightNode* n = r->head.next; n != &r->head; n = n->next) {
+      if (n->aborted) continue;
+      n->aborted = true;
+      ++aborted;
+      if (n->abort) n->abort();
+    }
+  }
+  return aborted;
 }
 
 }  // namespace fencegate::proxy

@@ -71,6 +71,7 @@ struct Decision {
   std::int64_t current = 0;   // stored (durable) generation after the decision
   std::int64_t newest = 0;    // highest generation seen (>= current); what made a write stale
   bool observe_stale = false; // observe mode: enforce would have rejected as stale
+  bool fleet_unavailable = false;  // fleet (docs/fleet.md): store_error because this replica is not a member
 };
 
 using DecisionFn = std::function<void(Decision)>;
@@ -91,6 +92,7 @@ struct FenceStats {
   std::uint64_t drain_waits = 0;
   std::uint64_t drain_aborts = 0;
   std::uint64_t owed_stored = 0;  // observe-mode generations stored by a retry after a failed commit
+  std::uint64_t fleet_refused = 0;  // fleet: enforce writes refused because the replica was not a member
 };
 
 class Fence {
@@ -208,6 +210,21 @@ class Fence {
   // Every resource the fence holds, sorted by name (for the admin API and metrics).
   std::vector<ResourceView> snapshot();
 
+  // --- Fleet (docs/fleet.md): entry points used by proxy/fleet.cpp only. ---
+  // The membership gate: from now on an enforce write is admitted (and a parked one released)
+  // only while BootClock::now_ns() < *deadline_ns, decided under the resource's lock; otherwise it
+  // is decided store_error with fleet_unavailable set. REQUIRES: set before traffic; *deadline_ns
+  // outlives the Fence.
+  void set_gate(const std::atomic<std::int64_t>* deadline_ns) { gate_ = deadline_ns; }
+  // Another replica's intent, or a committed generation read from etcd: acts like a write of g
+  // with nothing parked (lower parked writes become stale, older in-flight writes are drained or
+  // aborted after drain_timeout, then the store's advance(g) runs). No-op if g < seen, if
+  // g <= stored, or while an advance is under way; g == seen > stored restarts a failed advance.
+  void note_remote(const std::string& resource, std::int64_t g);
+  // Calls abort on every in-flight enforce write not yet aborted (membership lapsed). Returns
+  // how many it aborted.
+  std::size_t abort_inflight();
+
   // Called (on whichever thread ends the drain) with how long each drain waited.
   // REQUIRES: set before traffic starts.
   void set_drain_observer(std::function<void(double seconds)> obs) { drain_observer_ = std::move(obs); }
@@ -253,6 +270,8 @@ class Fence {
   std::thread timer_;
 
   std::function<void(double)> drain_observer_;  // constant once traffic starts
+  const std::atomic<std::int64_t>* gate_ = nullptr;  // fleet membership deadline; constant once traffic starts
+  bool gate_open() const;
 
   // Guarded by stats_mu_
   std::mutex stats_mu_;

@@ -26,6 +26,7 @@ namespace fencegate::proxy {
 class Fence;
 class Metrics;
 class Authorities;
+class Fleet;
 
 struct UpstreamAddr {
   std::string ip;
@@ -60,6 +61,7 @@ class Runtime {
   // TLS (issue 27): rebuilds the data listener's certificates on reload; returns "" or why not
   // (the reload then fails and the running certificates stay). Unset without tls. Set before traffic.
   std::function<std::string(const config::Config&)> reload_tls;
+  Fleet* fleet = nullptr;  // fleet (docs/fleet.md); nullptr without "fleet"; set before traffic
 
   std::shared_ptr<const Snapshot> snapshot() const {
     std::lock_guard lk(mu_);

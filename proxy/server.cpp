@@ -20,6 +20,7 @@
 
 #include "proxy/admin.h"
 #include "proxy/authority.h"
+#include "proxy/fleet.h"
 #include "proxy/listener.h"
 #include "proxy/session.h"
 #include "proxy/tls_listener.h"
@@ -143,7 +144,21 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
     return 1;
   }
   store->set_retention(static_cast<std::int64_t>(cfg->audit.max_age.count()) * 1000, cfg->audit.max_rows);
+  // Fleet (docs/fleet.md): the fence's generations live in etcd, shared with the other replicas.
+  std::unique_ptr<Fleet> fleet;
+  if (cfg->fleet.enabled()) {
+    fleet = std::make_unique<Fleet>(*cfg);
+    store = fleet->wrap(std::move(store));
+  }
   auto fence = std::make_unique<Fence>(*store, cfg->drain_timeout, cfg->max_resources);
+  if (fleet) fleet->attach(*fence);
+  // The fleet's threads call into the fence: on every way out of here they stop before it goes.
+  struct FleetStop {
+    Fleet* f;
+    ~FleetStop() {
+      if (f) f->stop();
+    }
+  } fleet_stop{fleet.get()};
   fence->set_observe_cap(cfg->upstream_timeout);
   if (!fence->load(&err)) {
     log::error("cannot load generations", {log::kv("db", cfg->db), log::kv("error", err)});
@@ -168,6 +183,8 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   ServerState st(rt);
   st.authorities = &authorities;
   rt.authorities = &authorities;
+  rt.fleet = fleet.get();
+  if (fleet) fleet->start();
 
   // TLS on the data listener (issue 27): the context is built before the port serves; a
   // certificate or key that does not load, or a key that is not the certificate's, exits 2.
@@ -246,6 +263,7 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   for (auto& t : threads) t.join();
   admin->stop();
   authorities.stop();
+  if (fleet) fleet->stop();
 
   settle_store_and_fence(std::move(store), *fence);
   log::info("stopped");

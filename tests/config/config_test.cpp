@@ -1252,3 +1252,41 @@ TEST_CASE("load_serve reads the process environment's FENCEGATE_* names for warn
   LoadResult injected = load_serve({"--upstream", "http://127.0.0.1:9"}, [](const char*) -> const char* { return nullptr; });
   CHECK(injected.warnings.empty());
 }
+
+// --- fleet (issue 33, docs/fleet.md) ---
+
+TEST_CASE("fleet: the JSON block, the flags, and errors that name the field") {
+  auto r = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}],
+    "fleet": {"etcd": ["http://127.0.0.1:2379", "http://10.0.0.2:2379/"], "name": "pay", "member": "gw-a", "ttl_ms": 3000}})");
+  REQUIRE_MESSAGE(r.config, joined(r.errors));
+  CHECK(r.config->fleet.enabled());
+  CHECK(r.config->fleet.etcd == std::vector<std::string>{"http://127.0.0.1:2379", "http://10.0.0.2:2379"});
+  CHECK(r.config->fleet.name == "pay");
+  CHECK(r.config->fleet.member == "gw-a");
+  CHECK(r.config->fleet.ttl.count() == 3000);
+
+  auto none = load_json(kMinimal);
+  REQUIRE(none.config);
+  CHECK_FALSE(none.config->fleet.enabled());  // without "fleet" nothing changes
+
+  auto f = load_serve({"--upstream", "http://h:1", "--fleet-etcd", "http://127.0.0.1:2379,http://127.0.0.1:2380",
+                       "--fleet-name", "pay", "--fleet-member", "b", "--fleet-ttl-ms", "4000"},
+                      empty_env);
+  REQUIRE_MESSAGE(f.config, joined(f.errors));
+  CHECK(f.config->fleet.etcd.size() == 2);
+  CHECK(f.config->fleet.member == "b");
+  CHECK(f.config->fleet.ttl.count() == 4000);
+
+  auto bad = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}],
+    "fleet": {"etcd": ["https://h:1"], "name": "a/b", "ttl_ms": 100}})");
+  CHECK_FALSE(bad.config);
+  const std::string e = joined(bad.errors);
+  CHECK(e.find("fleet.etcd") != std::string::npos);
+  CHECK(e.find("fleet.name") != std::string::npos);
+  CHECK(e.find("fleet.ttl_ms") != std::string::npos);
+
+  auto missing = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}],
+    "fleet": {"etcd": ["http://h:1"], "name": "x"}})");
+  CHECK_FALSE(missing.config);
+  CHECK(joined(missing.errors).find("fleet.member: required") != std::string::npos);
+}

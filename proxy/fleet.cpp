@@ -1,0 +1,443 @@
+// Fleet: the protocol of docs/fleet.md (read it first; the step numbers below are its own).
+#include "proxy/fleet.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+#include "election_client/base64.h"
+#include "election_client/etcd_client.h"
+#include "proxy/fence.h"
+#include "proxy/timefmt.h"
+
+namespace fencegate::proxy {
+
+namespace {
+
+using json = nlohmann::json;
+using election::KeyValue;
+using election::TxnOp;
+
+std::string pad20(std::int64_t g) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%020lld", static_cast<long long>(g));
+  return buf;
+}
+
+// "<20 digits> <member>" -> generation (0 if malformed), *who.
+std::int64_t parse_gen(const std::string& v, std::string* who = nullptr) {
+  if (v.size() < 20) return 0;
+  std::int64_t g = 0;
+  for (int i = 0; i < 20; ++i) {
+    if (v[i] < '0' || v[i] > '9') return 0;
+    if (g > (INT64_MAX - (v[i] - '0')) / 10) return 0;
+    g = g * 10 + (v[i] - '0');
+  }
+  if (who) *who = v.size() > 21 ? v.substr(21) : std::string();
+  return g;
+}
+
+std::chrono::milliseconds margin_of(std::chrono::milliseconds ttl) {
+  return std::max<std::chrono::milliseconds>(ttl / 5, std::chrono::milliseconds(500));
+}
+
+}  // namespace
+
+// The Store the Fence is given in a fleet: generations in etcd, the rest in local SQLite.
+class FleetStore final : public store::Store {
+ public:
+  FleetStore(Fleet& f, std::unique_ptr<store::Store> local) : fleet_(f), local_(std::move(local)) {}
+
+  // The fence's starting point is etcd's fence/, not the local file (etcd is the truth; a local
+  // row from before the fleet was never made durable in etcd). Fails if etcd cannot be read.
+  std::vector<store::ResourceState> load_all(store::Status* status) override {
+    std::vector<KeyValue> kvs;
+    election::Status st =
+        fleet_.client_->range(fleet_.key("fence/", ""), election::prefix_range_end(fleet_.key("fence/", "")), &kvs);
+    std::vector<store::ResourceState> out;
+    if (!st.ok()) {
+      if (status) *status = store::Status::Error("fleet: reading fence/ from etcd failed: " + st.to_string());
+      return out;
+    }
+    const std::string p = fleet_.key("fence/", "");
+    for (const KeyValue& kv : kvs) {
+      store::ResourceState s;
+      s.resource = kv.key.substr(p.size());
+      s.generation = parse_gen(kv.value, &s.advanced_by);
+      if (s.generation > 0) out.push_back(std::move(s));
+    }
+    if (status) *status = store::Status::OK();
+    return out;
+  }
+  void advance(std::string resource, std::int64_t generation, std::string leader, Done done) override {
+    fleet_.advance(std::move(resource), generation, std::move(leader), std::move(done));
+  }
+  void remove(std::string resource, Done done) override {
+    (void)resource;
+    if (done) done(store::Status::Error("removing a resource is not supported in a fleet yet (docs/fleet.md)"));
+  }
+  void append_audit(store::AuditRow row, Done done) override { local_->append_audit(std::move(row), std::move(done)); }
+  std::vector<store::AuditRecord> query_audit(const store::AuditQuery& q, store::Status* status) override {
+    return local_->query_audit(q, status);
+  }
+  std::vector<store::UnfencedGroup> query_unfenced(const std::string& resource, std::int64_t since_ms, int limit,
+                                                   store::Status* status) override {
+    return local_->query_unfenced(resource, since_ms, limit, status);
+  }
+  void set_retention(std::int64_t max_age_ms, std::uint64_t max_rows) override {
+    local_->set_retention(max_age_ms, max_rows);
+  }
+  void set_commit_observer(CommitObserver observer) override { local_->set_commit_observer(std::move(observer)); }
+  std::size_t queue_depth() const override { return local_->queue_depth(); }
+  std::uint64_t audit_rows_dropped() const override { return local_->audit_rows_dropped(); }
+  void drain_and_stop() override { local_->drain_and_stop(); }
+  std::uint64_t commit_count() const override { return local_->commit_count(); }
+  store::Store& local() { return *local_; }
+
+ private:
+  Fleet& fleet_;
+  std::unique_ptr<store::Store> local_;
+};
+
+Fleet::Fleet(const config::Config& cfg)
+    : prefix_("fencegate/fleet/" + cfg.fleet.name + "/"),
+      name_(cfg.fleet.name),
+      member_(cfg.fleet.member),
+      ttl_(cfg.fleet.ttl),
+      margin_(margin_of(cfg.fleet.ttl)),
+      drain_timeout_(cfg.drain_timeout) {
+  election::ClientOptions o;
+  o.endpoints = cfg.fleet.etcd;
+  // A call must not outlast a renewal interval: a round that hangs is a failed round.
+  o.request_timeout = std::min<std::chrono::milliseconds>(ttl_ / 3, std::chrono::milliseconds(2000));
+  o.connect_timeout = std::min<std::chrono::milliseconds>(o.request_timeout, std::chrono::milliseconds(500));
+  client_ = std::make_unique<election::Client>(o);
+}
+
+Fleet::~Fleet() { stop(); }
+
+std::string Fleet::key(std::string_view kind, std::string_view rest) const {
+  std::string k = prefix_;
+  k += kind;
+  k += rest;
+  return k;
+}
+
+std::string Fleet::ack_key(const std::string& r, std::int64_t x, std::string_view member) const {
+  return key("acks/", r + "/" + pad20(x) + "/" + std::string(member));
+}
+
+std::unique_ptr<store::Store> Fleet::wrap(std::unique_ptr<store::Store> local) {
+  local_ = local.get();
+  return std::make_unique<FleetStore>(*this, std::move(local));
+}
+
+void Fleet::attach(Fence& fence) {
+  fence_ = &fence;
+  fence.set_gate(&deadline_ns_);
+}
+
+void Fleet::start() {
+  loop_ = std::thread([this] { loop(); });
+  guard_ = std::thread([this] { guard_loop(); });
+}
+
+void Fleet::stop() {
+  if (stopping_.exchange(true)) return;
+  cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  if (guard_.joinable()) guard_.join();
+  {
+    std::unique_lock lk(mu_);
+    cv_.wait(lk, [this] { return advances_running_ == 0; });
+  }
+  deadline_ns_.store(0);
+  if (std::int64_t l = lease_.exchange(0)) (void)client_->revoke(l, std::chrono::milliseconds(1000));
+}
+
+bool Fleet::member() const { return BootClock::now_ns() < deadline_ns_.load(std::memory_order_acquire); }
+
+bool Fleet::sleep_for(std::chrono::milliseconds d) {
+  std::unique_lock lk(mu_);
+  cv_.wait_for(lk, d, [this] { return stopping_.load(); });
+  return !stopping_.load();
+}
+
+// Aborts what is in flight whenever this replica is not a member (admission refuses meanwhile,
+// so anything in flight then was admitted before the lapse). Wakes every 10 ms: after a pause
+// (SIGSTOP, a suspended host) the abort follows the resume within about that.
+void Fleet::guard_loop() {
+  bool was = false;
+  while (!stopping_.load()) {
+    const bool m = member();
+    if (!m && fence_) {
+      const std::size_t n = fence_->abort_inflight();
+      if (was) {
+        unavailable_.fetch_add(1, std::memory_order_relaxed);
+        log::error(
+            "fleet: membership lapsed (etcd lease not renewed in time): fenced writes get 503 and "
+            "in-flight fenced exchanges are aborted",
+            {log::kv("fleet", name_), log::kv("member", member_), log::kv("aborted", n)});
+      }
+    }
+    was = m;
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, std::chrono::milliseconds(10), [this] { return stopping_.load(); });
+  }
+}
+
+void Fleet::loop() {
+  auto next_round = std::chrono::steady_clock::now();
+  while (!stopping_.load()) {
+    if (lease_.load() == 0) {
+      if (!join()) {
+        if (!sleep_for(std::chrono::milliseconds(250))) return;
+        continue;
+      }
+      next_round = std::chrono::steady_clock::now() + ttl_ / 3;
+    } else if (std::chrono::steady_clock::now() >= next_round) {
+      next_round = std::chrono::steady_clock::now() + (renew() ? ttl_ / 3 : std::chrono::milliseconds(100));
+    } else {
+      (void)poll();
+    }
+    if (!sleep_for(kPollEvery)) return;
+  }
+}
+
+// Grant, member key, read fence/ and intent/: a member only after all of it.
+bool Fleet::join() {
+  // Whatever a previous lease admitted is aborted: its key may be gone already.
+  if (fence_) fence_->abort_inflight();
+  const auto sent = BootClock::now();
+  election::LeaseGrant g;
+  const std::int64_t secs = (ttl_.count() + 999) / 1000;
+  election::Status st = client_->grant(secs, &g);
+  if (!st.ok()) {
+    log::warn("fleet: cannot join (lease grant failed)", {log::kv("fleet", name_), log::kv("error", st.to_string())});
+    return false;
+  }
+  json v = {{"member", member_}, {"started_ms", now_unix_ms()}, {"ttl_ms", ttl_.count()}};
+  st = client_->put(key("members/", member_), v.dump(), g.id);
+  if (!st.ok() || !poll()) {
+    (void)client_->revoke(g.id, std::chrono::milliseconds(500));
+    log::warn("fleet: cannot join", {log::kv("fleet", name_), log::kv("error", st.to_string())});
+    return false;
+  }
+  lease_.store(g.id);
+  deadline_ns_.store((sent + ttl_ - margin_).time_since_epoch().count(), std::memory_order_release);
+  log::info("fleet: joined", {log::kv("fleet", name_), log::kv("member", member_), log::kv("lease", g.id)});
+  return true;
+}
+
+// One renewal round: keepalive AND a read of intent/ (and fence/), both successful.
+bool Fleet::renew() {
+  const auto sent = BootClock::now();
+  std::int64_t ttl = 0;
+  election::Status st =
+      client_->keepalive(lease_.load(), &ttl,
+                         std::min<std::chrono::milliseconds>(ttl_ / 3, std::chrono::milliseconds(2000)));
+  if (st.ok() && ttl == 0) {
+    log::warn("fleet: the lease is gone in etcd; joining again", {log::kv("fleet", name_), log::kv("member", member_)});
+    deadline_ns_.store(0, std::memory_order_release);
+    lease_.store(0);
+    return false;
+  }
+  if (!st.ok() || !poll()) return false;
+  const std::int64_t d = (sent + ttl_ - margin_).time_since_epoch().count();
+  if (d > deadline_ns_.load()) deadline_ns_.store(d, std::memory_order_release);
+  return true;
+}
+
+// Reads fence/, intent/ and members/; raises the fence's seen for what it finds.
+bool Fleet::poll() {
+  std::vector<KeyValue> fences, intents, members;
+  const std::string fp = key("fence/", ""), ip = key("intent/", ""), mp = key("members/", "");
+  if (!client_->range(ip, election::prefix_range_end(ip), &intents).ok()) return false;
+  if (!client_->range(fp, election::prefix_range_end(fp), &fences).ok()) return false;
+  if (!client_->range(mp, election::prefix_range_end(mp), &members).ok()) return false;
+  if (fence_) {
+    for (const KeyValue& kv : fences)
+      if (std::int64_t g = parse_gen(kv.value); g > 0) fence_->note_remote(kv.key.substr(fp.size()), g);
+    for (const KeyValue& kv : intents)
+      if (std::int64_t g = parse_gen(kv.value); g > 0) fence_->note_remote(kv.key.substr(ip.size()), g);
+  }
+  const std::int64_t now = now_unix_ms();
+  std::lock_guard lk(mu_);
+  std::vector<MemberView> next;
+  for (const KeyValue& kv : members) {
+    MemberView m;
+    m.member = kv.key.substr(mp.size());
+    json j = json::parse(kv.value, nullptr, false);
+    if (j.is_object() && j.contains("ttl_ms") && j["ttl_ms"].is_number_integer())
+      m.ttl_ms = j["ttl_ms"].get<std::int64_t>();
+    m.last_seen_ms = now;
+    next.push_back(std::move(m));
+  }
+  members_ = std::move(next);
+  return true;
+}
+
+void Fleet::advance(std::string resource, std::int64_t w, std::string leader, Done done) {
+  {
+    std::lock_guard lk(mu_);
+    if (stopping_.load()) {
+      if (done) done(store::Status::Error("fleet: stopping"));
+      return;
+    }
+    ++advances_running_;
+  }
+  std::thread([this, resource = std::move(resource), w, leader = std::move(leader), done = std::move(done)]() mutable {
+    store::Status st = run_advance(resource, w);
+    if (st.ok() && local_) {
+      // The local copy (best effort: etcd holds the fence).
+      local_->advance(resource, w, std::move(leader), nullptr);
+    }
+    if (done) done(st);
+    std::lock_guard lk(mu_);
+    --advances_running_;
+    cv_.notify_all();
+  }).detach();
+}
+
+bool Fleet::put_ack(const std::string& r, std::int64_t x) {
+  return client_->put(ack_key(r, x, member_), "", lease_.load()).ok();
+}
+
+// The loop of docs/fleet.md, "An advance to w". REQUIRES (the Fence's): nothing of r is in flight
+// here, and nothing of r is admitted here until this returns.
+store::Status Fleet::run_advance(const std::string& r, std::int64_t w) {
+  const auto give_up = BootClock::now() + drain_timeout_ + 2 * ttl_ + std::chrono::seconds(10);
+  const std::string fk = key("fence/", r), ik = key("intent/", r);
+  std::int64_t acked = 0;  // the highest generation acknowledged by this call
+  for (;;) {
+    if (stopping_.load()) return store::Status::Error("fleet: stopping");
+    if (!member()) return store::Status::Error("fleet-unavailable: not a member of fleet " + name_);
+    if (BootClock::now() > give_up) return store::Status::Error("fleet: the advance did not complete in time");
+    // 1. read
+    std::vector<KeyValue> f, i;
+    if (!client_->range(fk, "", &f).ok() || !client_->range(ik, "", &i).ok()) {
+      if (!sleep_for(std::chrono::milliseconds(20))) continue;
+      continue;
+    }
+    const std::int64_t F = f.empty() ? 0 : parse_gen(f[0].value);
+    const std::int64_t fmod = f.empty() ? 0 : f[0].mod_revision;
+    // 2. committed already
+    if (F >= w) {
+      if (F > w && fence_) fence_->note_remote(r, F);
+      return store::Status::OK();
+    }
+    std::string who;
+    const std::int64_t X = i.empty() ? 0 : parse_gen(i[0].value, &who);
+    const std::int64_t imod = i.empty() ? 0 : i[0].mod_revision;
+    // 3. an intent >= w: acknowledge it (nothing below it is in flight here); commit it if ours
+    if (X >= w) {
+      if (fence_) fence_->note_remote(r, X);
+      if (acked < X && put_ack(r, X)) acked = X;
+      if (who == member_ && i[0].lease == lease_.load()) {
+        (void)wait_and_commit(r, X, imod, fmod, give_up, std::chrono::steady_clock::now());
+        continue;
+      }
+      if (!sleep_for(std::chrono::milliseconds(5))) continue;
+      continue;
+    }
+    // 4. no intent, or a lower one (acknowledged first): put ours
+    if (X > 0 && acked < X && put_ack(r, X)) acked = X;
+    bool won = false;
+    election::ResponseHeader h;
+    const auto intent_at = std::chrono::steady_clock::now();
+    const std::int64_t lease = lease_.load();
+    std::vector<TxnOp> ops = {
+        TxnOp{TxnOp::Type::put, ik, pad20(w) + " " + member_, "", lease},
+        TxnOp{TxnOp::Type::put, ack_key(r, w, member_), "", "", lease},
+    };
+    if (!client_->txn({{ik, imod}, {fk, fmod}}, ops, &won, &h).ok() || !won) {
+      if (!sleep_for(std::chrono::milliseconds(5))) continue;
+      continue;
+    }
+    acked = w;
+    (void)wait_and_commit(r, w, h.revision, fmod, give_up, intent_at);
+  }
+}
+
+// 5. and 6.
+bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t intent_mod, std::int64_t fence_mod,
+                            BootClock::time_point give_up, std::chrono::steady_clock::time_point started) {
+  const std::string fk = key("fence/", r), ik = key("intent/", r), mp = key("members/", "");
+  const std::string ap = key("acks/", r + "/" + pad20(x) + "/");
+  std::vector<std::string> counted;  // members this advance waited for (counted once)
+  for (;;) {
+    if (stopping_.load() || !member() || BootClock::now() > give_up) return false;
+    std::vector<KeyValue> members, acks, i;
+    if (!client_->range(ik, "", &i).ok() || !client_->range(mp, election::prefix_range_end(mp), &members).ok() ||
+        !client_->range(ap, election::prefix_range_end(ap), &acks).ok()) {
+      if (!sleep_for(std::chrono::milliseconds(20))) return false;
+      continue;
+    }
+    if (i.empty() || i[0].mod_revision != intent_mod) return false;  // superseded or gone
+    bool all = true;
+    for (const KeyValue& m : members) {
+      if (m.create_revision >= intent_mod) continue;  // joined after the intent: read it at join
+      const std::string id = m.key.substr(mp.size());
+      const bool ok = std::any_of(acks.begin(), acks.end(), [&](const KeyValue& a) {
+        return a.key.substr(ap.size()) == id && a.lease == m.lease;  // an ack of this incarnation
+      });
+      if (!ok) {
+        all = false;
+        if (id != member_ && std::find(counted.begin(), counted.end(), id) == counted.end()) {
+          counted.push_back(id);
+          acks_waited_.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+    }
+    if (!all) {
+      if (!sleep_for(std::chrono::milliseconds(5))) return false;
+      continue;
+    }
+    bool won = false;
+    std::vector<TxnOp> ops = {
+        TxnOp{TxnOp::Type::put, fk, pad20(x) + " " + member_, "", 0},
+        TxnOp{TxnOp::Type::del, ik, "", "", 0},
+        TxnOp{TxnOp::Type::del, ap, "", election::prefix_range_end(ap), 0},
+    };
+    if (!client_->txn({{ik, intent_mod}, {fk, fence_mod}}, ops, &won).ok()) {
+      if (!sleep_for(std::chrono::milliseconds(20))) return false;
+      continue;  // unknown outcome: the next read tells
+    }
+    if (won)
+      advance_seconds_.observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+    return won;
+  }
+}
+
+std::string Fleet::status_json() const {
+  json members = json::array();
+  {
+    std::lock_guard lk(mu_);
+    for (const MemberView& m : members_)
+      members.push_back(
+          {{"member", m.member}, {"lease_ttl_ms", m.ttl_ms}, {"last_seen", format_rfc3339_ms(m.last_seen_ms)}});
+  }
+  return json{{"name", name_},
+              {"member", member_},
+              {"members", members},
+              {"state", member() ? "member" : "unavailable"}}
+      .dump();
+}
+
+void Fleet::render_metrics(std::string& out) const {
+  out += "# HELP fencegate_fleet_member 1 while this replica is a member of its fleet.\n";
+  out += "# TYPE fencegate_fleet_member gauge\n";
+  out += std::string("fencegate_fleet_member ") + (member() ? "1" : "0") + "\n";
+  out += "# HELP fencegate_fleet_advance_seconds Fleet advances committed by this replica, intent to commit.\n";
+  out += "# TYPE fencegate_fleet_advance_seconds histogram\n";
+  advance_seconds_.render(out, "fencegate_fleet_advance_seconds");
+  out += "# HELP fencegate_fleet_acks_waited_total Other members an advance had to wait for.\n";
+  out += "# TYPE fencegate_fleet_acks_waited_total counter\n";
+  out += "fencegate_fleet_acks_waited_total " + std::to_string(acks_waited_.load()) + "\n";
+  out += "# HELP fencegate_fleet_unavailable_total Times this replica's membership lapsed.\n";
+  out += "# TYPE fencegate_fleet_unavailable_total counter\n";
+  out += "fencegate_fleet_unavailable_total " + std::to_string(unavailable_.load()) + "\n";
+}
+
+}  // namespace fencegate::proxy

@@ -1,0 +1,113 @@
+// Fleet: one fence shared by several fencegate replicas on etcd (docs/fleet.md, issue 33).
+//
+// Fleet owns this replica's membership (an etcd lease and the key members/<member>, renewed by
+// rounds of keepalive + a read of intent/ and fence/, with a deadline on the boot clock), reads
+// fence/ and intent/ every kPollEvery and raises the local Fence's `seen` for what it finds
+// (Fence::note_remote), and aborts the in-flight fenced exchanges once the deadline has passed.
+// wrap() returns the Store the Fence is given: its advance() runs the etcd protocol (intent,
+// acknowledgements, commit) on a thread of its own; every other call goes to the local SQLite
+// store (audit, queries).
+//
+// Without "fleet" in the config no Fleet exists and nothing here runs.
+//
+// Thread-safety: member(), status_json() and render_metrics() are thread-safe. Order of use:
+// wrap(), attach(), start() before traffic; stop() after the workers stopped and before the store
+// and the fence are torn down.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/boot_clock.h"
+#include "config/config.h"
+#include "fence_store/store.h"
+#include "proxy/metrics.h"
+
+namespace fencegate::election {
+class Client;
+struct KeyValue;
+}  // namespace fencegate::election
+
+namespace fencegate::proxy {
+
+class Fence;
+
+class Fleet {
+ public:
+  static constexpr std::chrono::milliseconds kPollEvery{25};
+
+  // REQUIRES: cfg.fleet.enabled() (validated).
+  Fleet(const config::Config& cfg);
+  ~Fleet();  // stop()
+  Fleet(const Fleet&) = delete;
+  Fleet& operator=(const Fleet&) = delete;
+
+  // The store for the Fence: etcd for generations, `local` for everything else.
+  std::unique_ptr<store::Store> wrap(std::unique_ptr<store::Store> local);
+  // Gates the fence's admission on membership and lets remote generations reach it.
+  void attach(Fence& fence);
+  void start();
+  // Stops the threads, fails advances still running, revokes the lease (the others then need not
+  // wait for this replica). Idempotent.
+  void stop();
+
+  bool member() const;
+  // GET /v1/fleet
+  std::string status_json() const;
+  // The fencegate_fleet_* metrics.
+  void render_metrics(std::string& out) const;
+
+ private:
+  friend class FleetStore;
+  using Done = store::Store::Done;
+
+  void loop();
+  void guard_loop();
+  bool join();
+  bool renew();
+  bool poll();
+  void advance(std::string resource, std::int64_t w, std::string leader, Done done);
+  store::Status run_advance(const std::string& r, std::int64_t w);
+  // Waits for the acknowledgements of intent X (ours, at mod_revision I), then commits it.
+  // True iff committed.
+  bool wait_and_commit(const std::string& r, std::int64_t x, std::int64_t intent_mod, std::int64_t fence_mod,
+                       BootClock::time_point give_up, std::chrono::steady_clock::time_point started);
+  bool put_ack(const std::string& r, std::int64_t x);
+  bool sleep_for(std::chrono::milliseconds d);  // false if stopping
+
+  std::string key(std::string_view kind, std::string_view rest) const;
+  std::string ack_key(const std::string& r, std::int64_t x, std::string_view member) const;
+
+  // Constant after construction
+  const std::string prefix_;  // fencegate/fleet/<name>/
+  const std::string name_, member_;
+  const std::chrono::milliseconds ttl_, margin_, drain_timeout_;
+  std::unique_ptr<election::Client> client_;
+  Fence* fence_ = nullptr;
+  store::Store* local_ = nullptr;  // owned by the FleetStore
+
+  std::atomic<std::int64_t> deadline_ns_{0};  // BootClock; member iff now < deadline
+  std::atomic<std::int64_t> lease_{0};
+  std::atomic<bool> stopping_{false};
+  std::atomic<std::uint64_t> acks_waited_{0}, unavailable_{0};
+  Histogram advance_seconds_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  struct MemberView {
+    std::string member;
+    std::int64_t ttl_ms = 0, last_seen_ms = 0;
+  };
+  std::vector<MemberView> members_;  // Guarded by mu_: from the last read of members/
+  int advances_running_ = 0;         // Guarded by mu_
+  std::thread loop_, guard_;
+};
+
+}  // namespace fencegate::proxy
