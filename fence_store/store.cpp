@@ -5,6 +5,7 @@
 #include "fence_store/store_testing.h"
 #include "fence_store/database.h"
 #include "fence_store/reader.h"
+#include "fence_store/replay_cache.h"
 #include "common/file_checks.h"
 
 #include <sqlite3.h>
@@ -223,14 +224,8 @@ class OwnedStore final : public TestableStore {
   }
   bool key_cached(const std::string& resource, const std::string& scope, const std::string& key,
                   KeyRecord* out) override {
-    std::shared_ptr<const KeyRecord> r;
-    {
-      std::lock_guard lk(cache_mu_);
-      auto it = cache_.find(cache_key(resource, scope, key));
-      if (it == cache_.end()) return false;
-      r = it->second;
-    }
-    if (r->expires_ms <= now_ms()) return false;
+    std::shared_ptr<const KeyRecord> r = cache_.get(resource, scope, key);
+    if (!r || r->expires_ms <= now_ms()) return false;
     *out = *r;
     return true;
   }
@@ -278,43 +273,6 @@ class OwnedStore final : public TestableStore {
     publish_counts();
     return {};
   }
-  // Completed keys kept in memory for replays (key_cached); at most kCacheEntries, whose bodies
-  // are at most 16 MiB each by config and kCacheBytes together.
-  static constexpr std::size_t kCacheEntries = 10000;
-  static constexpr std::size_t kCacheBytes = 64u << 20;
-  static std::string cache_key(const std::string& resource, const std::string& scope, const std::string& key) {
-    std::string k;
-    k.reserve(resource.size() + scope.size() + key.size() + 2);
-    k.append(resource).append(1, '\0').append(scope).append(1, '\0').append(key);
-    return k;
-  }
-  void cache_put(const KeyRecord& r) {
-    if (r.state != KeyState::completed) return;
-    auto p = std::make_shared<const KeyRecord>(r);
-    std::lock_guard lk(cache_mu_);
-    auto& slot = cache_[cache_key(r.resource, r.scope, r.key)];
-    if (slot) cache_bytes_ -= slot->body.size();
-    slot = std::move(p);
-    cache_bytes_ += slot->body.size();
-    while ((cache_.size() > kCacheEntries || cache_bytes_ > kCacheBytes) && !cache_.empty()) {
-      auto victim = cache_.begin();  // any: the database still has it
-      cache_bytes_ -= victim->second->body.size();
-      cache_.erase(victim);
-    }
-  }
-  void cache_drop(const std::string& resource, const std::string& scope, const std::string& key) {
-    std::lock_guard lk(cache_mu_);
-    auto it = cache_.find(cache_key(resource, scope, key));
-    if (it == cache_.end()) return;
-    cache_bytes_ -= it->second->body.size();
-    cache_.erase(it);
-  }
-  void cache_clear() {
-    std::lock_guard lk(cache_mu_);
-    cache_.clear();
-    cache_bytes_ = 0;
-  }
-
   void publish_counts() {
     std::lock_guard lk(counts_mu_);
     published_counts_ = key_counts_;
@@ -346,7 +304,7 @@ class OwnedStore final : public TestableStore {
       if (rc != SQLITE_DONE) return false;
       if (live) {
         k.result.outcome = KeyBegin::exists;
-        cache_put(k.result.existing);  // completed rows only: durable already
+        cache_.put(k.result.existing);  // completed rows only: durable already
         return true;
       }
       k.result.existing = KeyRecord{};
@@ -380,7 +338,7 @@ class OwnedStore final : public TestableStore {
       k.changed = ok && sqlite3_changes64(wdb_) > 0;
       return ok;
     }
-    cache_drop(k.rec.resource, k.rec.scope, k.rec.key);
+    cache_.drop(k.rec.resource, k.rec.scope, k.rec.key);
     bind_key(key_delete_, k.rec);
     const bool ok = step(key_delete_, err);
     sqlite3_clear_bindings(key_delete_);
@@ -398,7 +356,7 @@ class OwnedStore final : public TestableStore {
     int rc, n = 0;
     while ((rc = sqlite3_step(key_prune_)) == SQLITE_ROW) {
       ++n;
-      cache_drop(col_text(key_prune_, 0), col_text(key_prune_, 1), col_text(key_prune_, 2));
+      cache_.drop(col_text(key_prune_, 0), col_text(key_prune_, 1), col_text(key_prune_, 2));
       auto c = key_counts_.find(col_text(key_prune_, 0));
       if (c != key_counts_.end() && --c->second <= 0) key_counts_.erase(c);
     }
@@ -527,9 +485,9 @@ class OwnedStore final : public TestableStore {
     }
     for (const auto& it : batch)
       if (it.kind == Item::kKeySettle && it.key->changed) {
-        if (s.ok()) cache_put(it.key->rec);
+        if (s.ok()) cache_.put(it.key->rec);
       }
-    if (!s.ok()) cache_clear();  // rows cached during the failed batch may not be in the database
+    if (!s.ok()) cache_.clear();  // rows cached during the failed batch may not be in the database
     std::shared_ptr<const CommitObserver> obs;
     {
       std::lock_guard lk(observer_mu_);
@@ -810,9 +768,7 @@ class OwnedStore final : public TestableStore {
   std::map<std::string, std::int64_t> key_counts_;  // store thread only: rows per resource
   mutable std::mutex counts_mu_;
   std::map<std::string, std::int64_t> published_counts_;  // Guarded by counts_mu_
-  std::mutex cache_mu_;
-  std::unordered_map<std::string, std::shared_ptr<const KeyRecord>> cache_;  // Guarded by cache_mu_
-  std::size_t cache_bytes_ = 0;                                               // Guarded by cache_mu_
+  ReplayCache cache_;  // completed keys, for replays (key_cached)
   std::thread thread_;
 
   // Used only by the store thread: rows in the audit table, -1 = unknown (counted on demand).
