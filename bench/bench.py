@@ -91,6 +91,20 @@ def wait_port(port, proc, name, timeout=15):
     raise RuntimeError(f"{name} did not listen on {port} within {timeout}s")
 
 
+def wait_port_fast(port, proc, name, timeout=60):
+    """wait_port polled every 2 ms: the scale part times start-up with it."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.002)
+    raise RuntimeError(f"{name} did not listen on {port} within {timeout}s")
+
+
 def store_commits(admin_port):
     """fencegate's own store commit histogram (admin /metrics): (batches committed, seconds summed)."""
     with socket.create_connection(("127.0.0.1", admin_port), timeout=10) as s:
@@ -291,11 +305,22 @@ class Bench:
         self.idle_conns = env_int("BENCH_IDLE_CONNS", 10000)
         self.upload_bytes = env_int("BENCH_UPLOAD_BYTES", 1 << 30)
         self.parts = set(args.parts.split(","))
+        # Issue 29: the scaling, TLS and scale parts.
+        self.scaling_conns = [int(x) for x in os.environ.get("BENCH_SCALING_CONNS", "1,32,256,1024").split(",")]
+        self.scaling_threads_conns = env_int("BENCH_SCALING_THREADS_CONNS", 256)
+        self.scaling_seconds = env_int("BENCH_SCALING_DURATION", 4)
+        self.scaling_reps = env_int("BENCH_SCALING_REPS", 1)
+        self.tls_seconds = env_int("BENCH_TLS_DURATION", 5)
+        self.tls_reps = env_int("BENCH_TLS_REPS", 2)
+        self.tls_clients = env_int("BENCH_TLS_CLIENTS", 4)
+        self.scale_resources = env_int("BENCH_SCALE_RESOURCES", 100000)
+        self.scale_audit_rows = env_int("BENCH_SCALE_AUDIT_ROWS", 10_000_000)
         allowed = sorted(os.sched_getaffinity(0))
         self.pin = env_int("BENCH_PIN", 1) != 0 and len(allowed) >= 2
         self.load_cpu = allowed[0] if self.pin else None
         self.target_cpu = allowed[1] if self.pin else None
-        self.res = {"throughput": {}, "advance": None, "memory": {}, "upload": None, "checks": [], "idempotency": {}}
+        self.res = {"throughput": {}, "advance": None, "memory": {}, "upload": None, "checks": [], "idempotency": {},
+                    "scaling": {}, "tls": {}, "scale": {}}
         self.tmp = tempfile.mkdtemp(prefix="fencegate-bench.", dir=os.environ.get("BENCH_TMPDIR") or None)
         self.procs = Procs(self.tmp)
 
@@ -329,7 +354,26 @@ class Bench:
             self.fg_baseline = os.path.join(self.tmp, "fencegate-baseline")
             shutil.copy2(self.args.baseline, self.fg_baseline)
         self.tool = os.path.join(self.tmp, "benchtool")
-        subprocess.run(["cc", "-O2", "-o", self.tool, os.path.join(HERE, "benchtool.c")], check=True)
+        # Issue 29: with OpenSSL's headers the tool also has its TLS clients (tlsnew, tlsidle);
+        # without them it is built as before and the TLS part is skipped.
+        self.tool_tls = subprocess.run(["cc", "-O2", "-DBENCH_TLS", "-o", self.tool, os.path.join(HERE, "benchtool.c"),
+                                        "-lssl", "-lcrypto"], capture_output=True).returncode == 0
+        if not self.tool_tls:
+            subprocess.run(["cc", "-O2", "-o", self.tool, os.path.join(HERE, "benchtool.c")], check=True)
+        # Issue 29: one ECDSA P-256 certificate for every TLS listener of the run (openssl CLI).
+        self.tls_cert = os.path.join(self.tmp, "tls-cert.pem")
+        self.tls_key = os.path.join(self.tmp, "tls-key.pem")
+        self.tls_pem = os.path.join(self.tmp, "tls-haproxy.pem")
+        r = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                            "-nodes", "-keyout", self.tls_key, "-out", self.tls_cert, "-days", "2", "-subj",
+                            "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True, text=True)
+        self.tls_ok = r.returncode == 0 and self.tool_tls
+        if self.tls_ok:
+            with open(self.tls_pem, "w") as f:
+                f.write(open(self.tls_cert).read() + open(self.tls_key).read())
+            os.chmod(self.tls_key, 0o600)
+        else:
+            log(f"no TLS part: openssl req exit {r.returncode} {r.stderr.strip()[:200]}; benchtool with OpenSSL: {self.tool_tls}")
         self.lua = os.path.join(self.tmp, "post.lua")
         with open(self.lua, "w") as f:
             f.write(WRK_LUA % {"body": self.body, "token": TOKEN})
@@ -346,13 +390,17 @@ class Bench:
         up = self.procs.start("upstream", [self.tool, "upstream", str(self.up_port)], cpu=self.load_cpu)
         wait_port(self.up_port, up, "upstream")
 
-    def start_nginx(self, name, worker_connections=4096):
+    def start_nginx(self, name, worker_connections=4096, workers=1, tls=False, cpu="target"):
         d = os.path.join(self.tmp, name)
         os.makedirs(d)
         port = free_port()
         conf = os.path.join(d, "nginx.conf")
+        # Issue 29 (TLS rows): TLS 1.3 only, the run's ECDSA P-256 certificate, no session cache
+        # or tickets (every new connection is a full handshake).
+        ssl = (f" ssl;\n    ssl_certificate {self.tls_cert};\n    ssl_certificate_key {self.tls_key};\n"
+               f"    ssl_protocols TLSv1.3;\n    ssl_session_cache off;\n    ssl_session_tickets off") if tls else ""
         with open(conf, "w") as f:
-            f.write(f"""worker_processes 1;
+            f.write(f"""worker_processes {workers};
 daemon off;
 master_process on;
 user root;
@@ -371,7 +419,7 @@ http {{
   keepalive_requests 1000000;
   upstream up {{ server 127.0.0.1:{self.up_port}; keepalive 64; keepalive_requests 1000000; }}
   server {{
-    listen 127.0.0.1:{port} backlog=4096;
+    listen 127.0.0.1:{port} backlog=4096{ssl};
     location / {{
       proxy_pass http://up;
       proxy_http_version 1.1;
@@ -380,20 +428,24 @@ http {{
   }}
 }}
 """)
-        p = self.procs.start(name, ["nginx", "-p", d + "/", "-e", f"{d}/error.log", "-c", conf], cpu=self.target_cpu)
+        p = self.procs.start(name, ["nginx", "-p", d + "/", "-e", f"{d}/error.log", "-c", conf],
+                             cpu=self.target_cpu if cpu == "target" else cpu)
         wait_port(port, p, name)
         return port, p
 
-    def start_haproxy(self, name):
+    def start_haproxy(self, name, threads=1, tls=False, cpu="target"):
         d = os.path.join(self.tmp, name)
         os.makedirs(d)
         port = free_port()
         conf = os.path.join(d, "haproxy.cfg")
         maxconn = min(4000, (self.nofile - 100) // 2)
+        # Issue 29 (TLS rows): HAProxy wants the key beside the certificate in one PEM.
+        bind_ssl = f" ssl crt {self.tls_pem} ssl-min-ver TLSv1.3 no-tls-tickets" if tls else ""
         with open(conf, "w") as f:
             f.write(f"""global
-  nbthread 1
+  nbthread {threads}
   maxconn {maxconn}
+  tune.ssl.cachesize 0
 defaults
   mode http
   timeout connect 5s
@@ -402,45 +454,52 @@ defaults
   timeout http-keep-alive 300s
   http-reuse always
 frontend fe
-  bind 127.0.0.1:{port}
+  bind 127.0.0.1:{port}{bind_ssl}
   default_backend be
 backend be
   server up 127.0.0.1:{self.up_port}
 """)
-        p = self.procs.start(name, ["haproxy", "-db", "-f", conf], cpu=self.target_cpu)
+        p = self.procs.start(name, ["haproxy", "-db", "-f", conf], cpu=self.target_cpu if cpu == "target" else cpu)
         wait_port(port, p, name)
         return port, p
 
-    def start_fencegate(self, name, mode="enforce", extra=(), routes=None, admin_port=0, binary=None):
+    def start_fencegate(self, name, mode="enforce", extra=(), routes=None, admin_port=0, binary=None, cpu="target",
+                        threads=1, tls=False, cfg_extra=None, db=None, wait=wait_port):
         d = os.path.join(self.tmp, name)
         os.makedirs(d)
         port = free_port()
+        db = db or os.path.join(d, "fence.db")  # issue 29: the scale part brings its own store
         if routes is None:
             argv = [binary or self.fg, "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
-                    f"http://127.0.0.1:{self.up_port}", "--mode", mode, "--db", os.path.join(d, "fence.db"),
-                    "--threads", "1", "--admin-listen", "127.0.0.1:0", "--log-level", "warn", *extra]
+                    f"http://127.0.0.1:{self.up_port}", "--mode", mode, "--db", db,
+                    "--threads", str(threads), "--admin-listen", "127.0.0.1:0", "--log-level", "warn", *extra]
+            if tls:  # issue 29: TLS rows
+                argv += ["--tls-cert", self.tls_cert, "--tls-key", self.tls_key, "--tls-min-version", "1.3"]
         else:
-            cfg = {"listen": f"127.0.0.1:{port}", "db": os.path.join(d, "fence.db"), "threads": 1,
+            cfg = {"listen": f"127.0.0.1:{port}", "db": db, "threads": 1,
                    "log_level": "warn", "admin": {"listen": f"127.0.0.1:{admin_port}"},
                    "routes": [dict(r, upstream=f"http://127.0.0.1:{self.up_port}") for r in routes]}
+            cfg.update(cfg_extra or {})
             with open(os.path.join(d, "fencegate.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
             argv = [self.fg, "serve", "--config", os.path.join(d, "fencegate.json"), *extra]
-        p = self.procs.start(name, argv, cpu=self.target_cpu)
-        wait_port(port, p, name)
+        p = self.procs.start(name, argv, cpu=self.target_cpu if cpu == "target" else cpu)
+        wait(port, p, name)
         return port, p, d
 
     # ------------------------------------------------------------------ wrk
 
-    def wrk(self, port, seconds, path="/bench", name="wrk", pids_fn=None, count_pids=None):
+    def wrk(self, port, seconds, path="/bench", name="wrk", pids_fn=None, count_pids=None, conns=None, scheme="http",
+            timeout_s=None):
         """One wrk run; with pids_fn also the CPU those processes used, in % of one core. With
         count_pids (and perf usable), also the system calls and context switches of those
         processes during the run, counted by perf (kv "syscalls", "ctx_switches")."""
         t0 = cpu_ticks(pids_fn()) if pids_fn else 0
         c0 = core_jiffies(self.load_cpu) if self.pin else (0, 0)
         w0 = time.time()
-        argv = ["wrk", "-t1", f"-c{self.conns}", f"-d{seconds}s", "--latency", "-s", self.lua,
-                f"http://127.0.0.1:{port}{path}"]
+        argv = ["wrk", "-t1", f"-c{conns or self.conns}", f"-d{seconds}s", "--latency", "-s", self.lua,
+                *(["--timeout", f"{timeout_s}s"] if timeout_s else []),
+                f"{scheme}://127.0.0.1:{port}{path}"]
         pre = (lambda: os.sched_setaffinity(0, {self.load_cpu})) if self.pin else None
         def perf_stat(events, target):
             # Counting mode (no sampling), run on the load core: it costs the counted processes a
@@ -497,11 +556,16 @@ backend be
             port, p = self.start_haproxy(f"haproxy.{inst}")
             return port, p, lambda: [p.pid]
         binary = self.fg_baseline if name.startswith("baseline") else None
-        port, p, _ = self.start_fencegate(f"{name}.{inst}", mode=name.split("-", 1)[1], binary=binary)
+        mode = name.split("-")[1]
+        # Issue 29: `fencegate-enforce-uring-off` is enforce with --io-uring off (one sendmsg per
+        # send: what a container's default seccomp profile leaves).
+        extra = ["--io-uring", "off"] if name.endswith("-uring-off") else []
+        port, p, _ = self.start_fencegate(f"{name}.{inst}", mode=mode, binary=binary, extra=extra)
         return port, p, lambda: [p.pid]
 
     def throughput(self):
-        names = ["direct", "nginx", "haproxy", "fencegate-enforce", "fencegate-observe", "fencegate-off"]
+        names = ["direct", "nginx", "haproxy", "fencegate-enforce", "fencegate-enforce-uring-off", "fencegate-observe",
+                 "fencegate-off"]
         if self.fg_baseline:
             names.append("baseline-enforce")
         live = {name: self.launch(name, 1) for name in names}
@@ -601,6 +665,378 @@ backend be
         for p in [p for n, p in list(self.procs.procs) if n != "upstream"]:
             self.procs.stop(p)
 
+    # ------------------------------------------------------------------ issue 29: scaling
+
+    def scaling(self):
+        """Throughput and CPU per request at 1, 32, 256 and 1,024 connections (one worker each,
+        pinned as in the throughput part), then 2 I/O threads / 2 HAProxy threads / 2 nginx workers
+        unpinned at BENCH_SCALING_THREADS_CONNS connections. One fresh process per cell, interleaved."""
+        secs = self.scaling_seconds
+        cells = [(c, 1) for c in self.scaling_conns] + [(self.scaling_threads_conns, 2)]
+        names = ["nginx", "haproxy", "fencegate-enforce"]
+        out = self.res["scaling"]
+        for conns, threads in cells:
+            # wrk, and each proxy, needs an fd per connection (the proxies two): checked, not assumed.
+            if conns * 2 + 200 > self.nofile:
+                log(f"scaling: {conns} connections need more than the open-file limit {self.nofile}: skipped")
+                continue
+            for rep in range(self.scaling_reps):
+                for name in names[rep % 3:] + names[:rep % 3]:
+                    # Two threads: the proxy may use both cores (there is no third core), the load
+                    # side stays pinned to its own, as in the throughput part.
+                    cpu = "target" if threads == 1 else None
+                    inst = f"scaling.{name}.c{conns}.t{threads}.{rep}"
+                    if name == "nginx":
+                        port, p = self.start_nginx(inst, workers=threads, cpu=cpu)
+                        pids = lambda p=p: [p.pid] + children(p.pid)
+                    elif name == "haproxy":
+                        port, p = self.start_haproxy(inst, threads=threads, cpu=cpu)
+                        pids = lambda p=p: [p.pid]
+                    else:
+                        port, p, _ = self.start_fencegate(inst, threads=threads, cpu=cpu)
+                        pids = lambda p=p: [p.pid]
+                    # wrk's default 2 s timeout counts a slow answer as an error: at 1,024 connections on
+                    # one load core the tail passes 1 s; 10 s still catches a proxy that stalls.
+                    self.wrk(port, 1, name=f"warmup-{inst}", conns=conns, timeout_s=10)
+                    kv = self.wrk(port, secs, name=f"wrk-{inst}", pids_fn=pids, conns=conns, timeout_s=10)
+                    self.procs.stop(p)
+                    kv["cpu_us_per_req"] = kv["cpu_pct"] / 100 / max(1.0, kv["rps"]) * 1e6
+                    out.setdefault((conns, threads), {}).setdefault(name, []).append(kv)
+                    log(f"scaling c={conns} threads={threads} {name:18} {kv['rps']:9.0f} req/s  cpu {kv['cpu_pct']:4.0f}%"
+                        f"  {kv['cpu_us_per_req']:5.1f} us/req  p99 {kv['p99_us'] / 1000:6.2f} ms"
+                        + (f"  ERRORS status={kv['status_err']:.0f} socket={kv['sock_err']:.0f}"
+                           if kv["status_err"] or kv["sock_err"] else ""))
+        errs = [f"{n} c={c} t={t}" for (c, t), row in out.items() for n, rs in row.items()
+                if any(r["status_err"] or r["sock_err"] for r in rs)]
+        self.check("scaling: no non-2xx or socket errors at any connection count" + (f": not {', '.join(errs)}" if errs else ""),
+                   not errs)
+
+    def report_scaling(self, L):
+        sc = self.res["scaling"]
+        if not sc:
+            return
+        med = lambda rs, k: statistics.median(r[k] for r in rs)
+        L.append(f"### Scaling (issue 29): `wrk -t1 -cN -d{self.scaling_seconds}s`, {self.body}-byte fenced POST, "
+                 f"median of {self.scaling_reps}\n")
+        L.append("One worker each pinned to its own core, as in the throughput part; the last row: fencegate "
+                 "`--threads 2`, HAProxy `nbthread 2`, nginx `worker_processes 2`, not pinned (they may use both "
+                 "cores, the load side stays pinned to its own). CPU per request: the proxy's user+system time "
+                 f"(/proc) over the run / requests. Open-file limit of the run (wrk and the proxies inherit it): {self.nofile}.\n")
+        L.append("| connections | threads | nginx req/s | HAProxy req/s | fencegate req/s | nginx µs/req | HAProxy µs/req "
+                 "| fencegate µs/req | fencegate / HAProxy req/s | HAProxy / fencegate CPU | nginx p99 ms | HAProxy p99 ms "
+                 "| fencegate p99 ms |")
+        L.append("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for (conns, threads), row in sc.items():
+            g = lambda n, k: med(row[n], k) if n in row else float("nan")
+            fg, ha, ng = "fencegate-enforce", "haproxy", "nginx"
+            L.append(f"| {conns} | {threads} | {g(ng, 'rps'):.0f} | {g(ha, 'rps'):.0f} | {g(fg, 'rps'):.0f} "
+                     f"| {g(ng, 'cpu_us_per_req'):.1f} | {g(ha, 'cpu_us_per_req'):.1f} | {g(fg, 'cpu_us_per_req'):.1f} "
+                     f"| {g(fg, 'rps') / g(ha, 'rps'):.2f}x | {g(ha, 'cpu_us_per_req') / g(fg, 'cpu_us_per_req'):.2f}x "
+                     f"| {g(ng, 'p99_us') / 1000:.2f} | {g(ha, 'p99_us') / 1000:.2f} | {g(fg, 'p99_us') / 1000:.2f} |")
+        L.append("")
+
+    # ------------------------------------------------------------------ issue 29: TLS
+
+    def tls_launch(self, name, inst):
+        if name == "nginx":
+            port, p = self.start_nginx(inst, tls=True, worker_connections=min(self.nofile - 100, self.idle_conns + 1000))
+            return port, p, lambda: [p.pid] + children(p.pid)
+        if name == "haproxy":
+            port, p = self.start_haproxy(inst, tls=True)
+            return port, p, lambda: [p.pid]
+        port, p, _ = self.start_fencegate(inst, tls=True, extra=["--max-connections", str(self.idle_conns + 100)])
+        return port, p, lambda: [p.pid]
+
+    def tls(self):
+        """TLS 1.3 client -> proxy, plaintext to the upstream, the run's ECDSA P-256 certificate:
+        keep-alive throughput (wrk over https), new connections per second (benchtool tlsnew: a
+        full handshake and one POST per connection, never resumed), and idle TLS connections' PSS
+        (fencegate and nginx, as in the memory part)."""
+        if not self.tls_ok:
+            self.check("tls: the run could make a certificate and build benchtool with OpenSSL", False)
+            return
+        names = ["nginx", "haproxy", "fencegate-enforce"]
+        out = self.res["tls"]
+        pre = (lambda: os.sched_setaffinity(0, {self.load_cpu})) if self.pin else None
+        for rep in range(self.tls_reps):
+            for name in names[rep % 3:] + names[:rep % 3]:
+                port, p, pids = self.tls_launch(name, f"tls.{name}.{rep}")
+                self.wrk(port, 1, name=f"warmup-tls-{name}", scheme="https")
+                kv = self.wrk(port, self.tls_seconds, name=f"wrk-tls-{name}", pids_fn=pids, scheme="https")
+                kv["cpu_us_per_req"] = kv["cpu_pct"] / 100 / max(1.0, kv["rps"]) * 1e6
+                out.setdefault("keepalive", {}).setdefault(name, []).append(kv)
+                # BENCH_TLS_CLIENTS sequential clients at once, so the proxy always has a handshake to do.
+                t0, w0 = cpu_ticks(pids()), time.time()
+                cl = [subprocess.Popen([self.tool, "tlsnew", str(port), str(self.tls_seconds), TOKEN], text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=pre)
+                      for _ in range(self.tls_clients)]
+                outs = [(c.communicate(timeout=self.tls_seconds + 60)[0], c.returncode) for c in cl]
+                cpu_s = (cpu_ticks(pids()) - t0) / os.sysconf("SC_CLK_TCK")
+                kvs = [parse_kv(o) for o, _ in outs]
+                nk = {"ok": sum(k.get("ok", 0) for k in kvs), "bad": sum(k.get("bad", 0) for k in kvs),
+                      "per_s": sum(k.get("per_s", 0) for k in kvs),
+                      "p50_us": statistics.median(k.get("p50_us", 0) for k in kvs),
+                      "p99_us": max(k.get("p99_us", 0) for k in kvs)}
+                nk["cpu_pct"] = 100.0 * cpu_s / (time.time() - w0)
+                nk["cpu_us_per_conn"] = cpu_s / max(1.0, nk["ok"]) * 1e6
+                nk["rc"] = max(rc for _, rc in outs)
+                r = argparse.Namespace(stdout=f"ok={nk['ok']:.0f} bad={nk['bad']:.0f} proxy cpu {nk['cpu_pct']:.0f}%")
+                out.setdefault("new", {}).setdefault(name, []).append(nk)
+                self.procs.stop(p)
+                log(f"tls rep {rep + 1}/{self.tls_reps} {name:18} keep-alive {kv['rps']:8.0f} req/s p99 "
+                    f"{kv['p99_us'] / 1000:6.2f} ms {kv['cpu_us_per_req']:5.1f} us/req; new connections "
+                    f"{nk.get('per_s', 0):7.0f}/s {nk['cpu_us_per_conn']:6.0f} us/conn ({r.stdout.strip()})")
+        errs = [n for n, rs in out.get("keepalive", {}).items() if any(r["status_err"] or r["sock_err"] for r in rs)]
+        errs += [f"{n} (new connections)" for n, rs in out.get("new", {}).items()
+                 if any(r["rc"] != 0 or not r.get("ok") for r in rs)]
+        self.check("tls: every keep-alive and new-connection request answered 200" + (f": not {', '.join(errs)}" if errs else ""),
+                   not errs)
+        # Idle TLS connections: PSS with N connections, each after its handshake and one POST.
+        for name in ("fencegate-enforce", "nginx"):
+            port, p, pids = self.tls_launch(name, f"tls-idle.{name}")
+            log(f"tls memory: {self.idle_conns} idle TLS connections to {name}")
+            out.setdefault("idle", {})[name] = self.idle_memory(f"tls-{name}", port, pids, cmd="tlsidle")
+            self.procs.stop(p)
+
+    def report_tls(self, L):
+        t = self.res["tls"]
+        if not t:
+            return
+        med = lambda rs, k: statistics.median(r.get(k, 0) for r in rs)
+        L.append(f"### TLS (issue 29): TLS 1.3 client -> proxy, plaintext to the upstream, median of {self.tls_reps}\n")
+        L.append("The same ECDSA P-256 certificate (made by `openssl req` in the run) on every proxy; no session "
+                 "cache, no tickets. Keep-alive: `wrk -t1 -c{0} -d{1}s` over https, fenced POST. New connections: "
+                 "`benchtool tlsnew` (OpenSSL client, TLS 1.3 only, session cache off, no tickets: each "
+                 "connection a full handshake), {2} clients at once, each one connection after another for {1}s, each: connect, handshake, one "
+                 "fenced POST with `Connection: close`, response, close; latency is connect to response. "
+                 "p99 is the highest of the clients' p99s. Proxy CPU: user+system from /proc over the run.\n".format(
+                     self.conns, self.tls_seconds, self.tls_clients))
+        L.append("| proxy | keep-alive req/s | p99 ms | CPU µs per request | new connections/s | connect-to-response "
+                 "p50 ms | p99 ms | proxy CPU µs per new connection |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for name in ("nginx", "haproxy", "fencegate-enforce"):
+            k, n = t.get("keepalive", {}).get(name), t.get("new", {}).get(name)
+            if not k or not n:
+                continue
+            L.append(f"| {name} | {med(k, 'rps'):.0f} | {med(k, 'p99_us') / 1000:.2f} | {med(k, 'cpu_us_per_req'):.1f} "
+                     f"| {med(n, 'per_s'):.0f} | {med(n, 'p50_us') / 1000:.2f} | {med(n, 'p99_us') / 1000:.2f} "
+                     f"| {med(n, 'cpu_us_per_conn'):.0f} |")
+        L.append("")
+        if t.get("idle"):
+            L.append(f"Idle TLS connections: {self.idle_conns}, each after its handshake and one fenced POST, then idle.\n")
+            L.append("| | PSS before | PSS with connections | RSS with connections | per connection |")
+            L.append("|---|---:|---:|---:|---:|")
+            for name, v in t["idle"].items():
+                who = "nginx (master + worker)" if name == "nginx" else name
+                L.append(f"| {who} | {v['base_pss_mib']:.1f} MiB | {v['pss_mib']:.1f} MiB | {v['rss_mib']:.1f} MiB | "
+                         f"{v['per_conn_kib']:.1f} KiB |")
+            L.append("")
+
+    # ------------------------------------------------------------------ issue 29: scale
+
+    def timed_start(self, name, **kw):
+        """Starts a fencegate and times exec -> its data port accepting (polled every 2 ms):
+        (port, process, dir, seconds). fencegate loads every stored generation before it listens."""
+        t0 = time.monotonic()
+        port, p, d = self.start_fencegate(name, wait=wait_port_fast, **kw)
+        return port, p, d, time.monotonic() - t0
+
+    def scale(self):
+        self.scale_resources()
+        self.scale_audit()
+
+    def scale_resources(self):
+        """N resources in one sidecar: memory per resource, start-up time with a store holding
+        them, and the fenced POST path's throughput with N against 10 (wrk spreads its requests
+        over all of them at random, each with the stored generation)."""
+        import sqlite3
+        n_big = self.scale_resources
+        routes = [{"prefix": "/r/{id}/", "resource": "r-{id}", "mode": "enforce"}]
+        cfg = {"max_resources": n_big + 1000}
+        dbs = {}
+        for n in (10, n_big):
+            port, p, d = self.start_fencegate(f"scale-init-{n}", routes=routes, cfg_extra=cfg)
+            self.procs.stop(p)
+            db = os.path.join(d, "fence.db")
+            c = sqlite3.connect(db)
+            now = int(time.time() * 1000)
+            c.execute(f"WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {n} - 1) "
+                      f"INSERT INTO resources(resource, generation, advanced_at_ms, advanced_by) "
+                      f"SELECT 'r-' || i, {TOKEN}, {now}, 'bench' FROM n")
+            c.commit()
+            c.close()
+            dbs[n] = db
+        luas = {}
+        for n in dbs:
+            luas[n] = os.path.join(self.tmp, f"scale-{n}.lua")
+            with open(luas[n], "w") as f:
+                f.write(WRK_LUA % {"body": self.body, "token": TOKEN} +
+                        f'function request() return wrk.format(nil, "/r/" .. math.random(0, {n - 1}) .. "/w") end\n')
+        out = self.res["scale"].setdefault("resources", {})
+        default_lua = self.lua
+        try:
+            for rep in range(max(2, self.scaling_reps)):
+                for n in (dbs if rep % 2 == 0 else list(dbs)[::-1]):
+                    port, p, d, secs = self.timed_start(f"scale-{n}.{rep}", routes=routes, cfg_extra=cfg, db=dbs[n])
+                    time.sleep(0.5)
+                    rss, pss = status_kb(p.pid, "VmRSS"), pss_kb([p.pid])
+                    st, _ = http(port, "POST", f"/r/{n - 1}/w", token=str(int(TOKEN) - 1))
+                    self.check(f"scale: resource r-{n - 1} of {n} loaded at generation {TOKEN}: stale token -> 409 (got {st})",
+                               st == 409)
+                    self.lua = luas[n]
+                    self.wrk(port, 1, name=f"warmup-scale-{n}")
+                    kv = self.wrk(port, self.scaling_seconds, name=f"wrk-scale-{n}", pids_fn=lambda p=p: [p.pid])
+                    kv.update(start_s=secs, rss_kb=rss, pss_kb=pss,
+                              cpu_us_per_req=kv["cpu_pct"] / 100 / max(1.0, kv["rps"]) * 1e6)
+                    self.procs.stop(p)
+                    out.setdefault(n, []).append(kv)
+                    log(f"scale: {n:6} resources: start-up {secs * 1000:6.0f} ms  RSS {rss / 1024:6.1f} MiB  "
+                        f"{kv['rps']:8.0f} req/s  {kv['cpu_us_per_req']:5.1f} us/req  p99 {kv['p99_us'] / 1000:.2f} ms")
+        finally:
+            self.lua = default_lua
+        self.check("scale: no non-2xx or socket errors with many resources",
+                   all(not (r["status_err"] or r["sock_err"]) for rs in out.values() for r in rs))
+
+    def admin_get(self, port, path):
+        """(status, JSON body, milliseconds) of one admin GET on a fresh connection."""
+        t0 = time.monotonic()
+        c = http_client.HTTPConnection("127.0.0.1", port, timeout=60)
+        c.request("GET", path)
+        r = c.getresponse()
+        body = r.read()
+        ms = (time.monotonic() - t0) * 1000
+        c.close()
+        return r.status, (json.loads(body) if body[:1] == b"{" else {}), ms
+
+    def scale_audit(self):
+        """An audit log of BENCH_SCALE_AUDIT_ROWS rows over 60 days (1,000 resources, 4% unfenced
+        callers), written with sqlite directly: the newest 100 rows of one resource and the
+        unfenced-callers report for the last hour, timed through the admin API; then wrk's p99 on
+        the same database with retention pruning running (audit.max_age 30d: half the rows are
+        older) against not (retention off)."""
+        import sqlite3
+        rows = self.scale_audit_rows
+        routes = [{"prefix": "/", "resource": "bench", "mode": "enforce"}]
+        keep_all = {"audit": {"max_age": "0", "max_rows": 0}}
+        port, p, d = self.start_fencegate("scale-audit-init", routes=routes, cfg_extra=keep_all)
+        self.procs.stop(p)
+        db = os.path.join(d, "fence.db")
+        log(f"scale: writing {rows} audit rows with sqlite")
+        t0 = time.monotonic()
+        c = sqlite3.connect(db, isolation_level=None)
+        indexes = [r[0] for r in c.execute("SELECT sql FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'audit' "
+                                           "AND sql IS NOT NULL")]
+        for name, in list(c.execute("SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'audit' "
+                                    "AND sql IS NOT NULL")):
+            c.execute(f"DROP INDEX {name}")
+        c.execute("PRAGMA cache_size = -262144")
+        now = int(time.time() * 1000)
+        span = 60 * 86400 * 1000
+        c.execute("BEGIN")
+        c.execute(f"""WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i < {rows} - 1)
+            INSERT INTO audit(time_ms, resource, decision, presented_generation, current_generation, method, target,
+                              client, leader, mode, user_agent)
+            SELECT {now} - {span} + i * {span} / {rows}, 'res-' || (i * 7919 % 1000),
+              CASE WHEN i % 50 = 0 THEN 'rejected_missing' WHEN i % 50 = 1 THEN 'would_reject_missing'
+                   WHEN i % 3 = 0 THEN 'rejected_stale' ELSE 'advanced' END,
+              i % 97, i % 97, 'POST', '/w/' || (i % 1000), '10.0.' || (i % 13) || '.' || (i % 7), 'leader-' || (i % 5),
+              'enforce', 'client/' || (i % 11)
+            FROM n""")
+        for sql in indexes:
+            c.execute(sql)
+        c.execute("COMMIT")
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        c.close()
+        gen_s = time.monotonic() - t0
+        log(f"scale: {rows} audit rows written and indexed in {gen_s:.0f}s")
+        a = self.res["scale"].setdefault("audit", {"rows": rows, "gen_s": gen_s, "queries": {}, "prune": {}})
+        pre = (lambda: os.sched_setaffinity(0, {self.load_cpu})) if self.pin else None
+        admin = free_port()
+        port, p, d2, secs = self.timed_start("scale-audit", routes=routes, cfg_extra=keep_all, admin_port=admin, db=db)
+        a["start_s"] = secs
+        queries = {"newest 100 rows of one resource": "/v1/audit?resource=res-5&limit=100",
+                   "unfenced callers, last hour": "/v1/audit/unfenced?since=-1h"}
+        for what, path in queries.items():
+            ms, ok = [], True
+            for i in range(7):
+                st, body, t = self.admin_get(admin, path)
+                got = len(body.get("rows", body.get("callers", [])))
+                ok = ok and st == 200 and got > 0 and (got == 100 if "rows" in body else True)
+                ms.append(t)
+            a["queries"][what] = {"path": path, "median_ms": statistics.median(ms), "max_ms": max(ms),
+                                  "first_ms": ms[0], "ok": ok, "answer_rows": got}
+            self.check(f"scale: {path} answered 200 with rows", ok)
+            log(f"scale: {what}: median {statistics.median(ms):.1f} ms, first {ms[0]:.1f} ms, max {max(ms):.1f} ms")
+        self.procs.stop(p)
+
+        def min_id():
+            with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as r:
+                return r.execute("SELECT min(id) FROM audit").fetchone()[0] or 0
+        for rep in range(2):
+            for pruning in (False, True):
+                extra = {"audit": {"max_age": "30d", "max_rows": 0}} if pruning else keep_all
+                port, p, _ = self.start_fencegate(f"scale-prune-{int(pruning)}.{rep}", routes=routes, cfg_extra=extra,
+                                                  db=db)
+                time.sleep(0.5)
+                self.wrk(port, 1, name="warmup-scale-prune")
+                m0 = min_id()
+                kv = self.wrk(port, self.duration, name=f"wrk-scale-prune-{int(pruning)}", pids_fn=lambda p=p: [p.pid])
+                kv["pruned"] = min_id() - m0  # ids are in time order here: the rows retention deleted
+                self.procs.stop(p)
+                a["prune"].setdefault("pruning" if pruning else "off", []).append(kv)
+                log(f"scale: retention pruning {'running' if pruning else 'off    '}: {kv['rps']:8.0f} req/s  p99 "
+                    f"{kv['p99_us'] / 1000:.2f} ms  rows pruned during the run {kv['pruned']}")
+        self.check("scale: retention pruning ran during the pruning runs",
+                   all(r["pruned"] > 0 for r in a["prune"].get("pruning", [])))
+
+    def report_scale(self, L):
+        sc = self.res["scale"]
+        med = lambda rs, k: statistics.median(r[k] for r in rs)
+        r = sc.get("resources")
+        if r and len(r) == 2:
+            small, big = sorted(r)
+            per = (med(r[big], "rss_kb") - med(r[small], "rss_kb")) * 1024 / (big - small)
+            self.res["scale_per_resource"] = per
+            L.append(f"### Flat as the work grows (issue 29): {big} resources in one sidecar\n")
+            L.append(f"The store holds {big} (or {small}) resources at generation {TOKEN} (written with sqlite before "
+                     f"start); route `/r/{{id}}/` -> resource `r-{{id}}`; wrk (`-c{self.conns} -d{self.scaling_seconds}s`) "
+                     f"posts to a random one of them each request with the stored generation. Start-up: exec to "
+                     f"the data port accepting (fencegate loads every generation before it listens). Medians of "
+                     f"{len(r[big])} fresh processes each.\n")
+            L.append("| resources | start-up ms | RSS after start | req/s | p99 ms | CPU µs per request |")
+            L.append("|---:|---:|---:|---:|---:|---:|")
+            for n in (small, big):
+                L.append(f"| {n} | {med(r[n], 'start_s') * 1000:.0f} | {med(r[n], 'rss_kb') / 1024:.1f} MiB | "
+                         f"{med(r[n], 'rps'):.0f} | {med(r[n], 'p99_us') / 1000:.2f} | {med(r[n], 'cpu_us_per_req'):.1f} |")
+            L.append(f"\nMemory per resource: **{per:.0f} bytes** (RSS difference / resource difference). "
+                     f"Throughput with {big}: {med(r[big], 'rps') / med(r[small], 'rps'):.2f}x the {small}-resource "
+                     f"rate; CPU per request {med(r[big], 'cpu_us_per_req') / med(r[small], 'cpu_us_per_req'):.2f}x.\n")
+        a = sc.get("audit")
+        if a:
+            L.append(f"### Flat as the work grows (issue 29): an audit log of {a['rows']} rows\n")
+            L.append(f"Rows over the last 60 days, 1,000 resources, 4% unfenced (`rejected_missing`, "
+                     f"`would_reject_missing`), written with sqlite in {a['gen_s']:.0f} s. fencegate started on it in "
+                     f"{a['start_s'] * 1000:.0f} ms. Each query through the admin API on a fresh connection, 7 times "
+                     f"(client-side time, HTTP included).\n")
+            L.append("| query | path | first ms | median ms | max ms | rows answered |")
+            L.append("|---|---|---:|---:|---:|---:|")
+            for what, q in a["queries"].items():
+                L.append(f"| {what} | `{q['path']}` | {q['first_ms']:.1f} | {q['median_ms']:.1f} | {q['max_ms']:.1f} "
+                         f"| {q['answer_rows']} |")
+            pr = a["prune"]
+            if {"off", "pruning"} <= pr.keys():
+                L.append(f"\nData path with retention pruning running (`audit.max_age` 30d: half the rows are older, "
+                         f"deleted in chunks of 5,000 by the store thread) against retention off, same database, "
+                         f"`wrk -t1 -c{self.conns} -d{self.duration}s`, fenced POST, interleaved, median of "
+                         f"{len(pr['off'])}:\n")
+                L.append("| retention | req/s | p50 ms | p99 ms | p99.9 ms | audit rows pruned per run |")
+                L.append("|---|---:|---:|---:|---:|---|")
+                for k, label in (("off", "off"), ("pruning", "pruning running")):
+                    L.append(f"| {label} | {med(pr[k], 'rps'):.0f} | {med(pr[k], 'p50_us') / 1000:.2f} | "
+                             f"{med(pr[k], 'p99_us') / 1000:.2f} | {med(pr[k], 'p999_us') / 1000:.2f} | "
+                             f"{', '.join(str(x['pruned']) for x in pr[k])} |")
+            L.append("")
+
     def advance(self):
         # Resource "load" takes the wrk load with a valid, equal token; resource "adv" gets the
         # sequential advances. Fencing is per resource, so wrk's token stays current (no 409s
@@ -673,9 +1109,9 @@ backend be
         }
         self.procs.stop(p)
 
-    def idle_memory(self, name, port, pids_fn):
+    def idle_memory(self, name, port, pids_fn, cmd="idle"):
         base = pss_kb(pids_fn())
-        idle = self.procs.start(f"idle-{name}", [self.tool, "idle", str(port), str(self.idle_conns), TOKEN],
+        idle = self.procs.start(f"idle-{name}", [self.tool, cmd, str(port), str(self.idle_conns), TOKEN],
                                 cpu=self.load_cpu, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         line = idle.stdout.readline().decode()
         kv = parse_kv(line)
@@ -774,6 +1210,13 @@ backend be
                 self.upload()
             if "idempotency" in self.parts:
                 self.idempotency()
+            # Issue 29.
+            if "scaling" in self.parts:
+                self.scaling()
+            if "tls" in self.parts:
+                self.tls()
+            if "scale" in self.parts:
+                self.scale()
         finally:
             self.loadavg_end = open("/proc/loadavg").read().split()[:3]
             self.procs.stop_all()
@@ -871,15 +1314,17 @@ backend be
                 L.append("| fencegate mode | / nginx req/s | / HAProxy req/s | p99 / HAProxy p99 "
                          "| CPU per request: nginx / fencegate | HAProxy / fencegate |")
                 L.append("|---|---:|---:|---:|---:|---:|")
-                for mode in ("enforce", "observe", "off", "baseline"):
+                labels = {"baseline": "enforce, baseline build", "enforce-uring-off": "enforce, `--io-uring off`"}
+                for mode in ("enforce", "enforce-uring-off", "observe", "off", "baseline"):
                     v = t.get(f"fencegate-{mode}") or (t.get("baseline-enforce") if mode == "baseline" else None)
                     if v:
-                        L.append(f"| {mode if mode != 'baseline' else 'enforce, baseline build'} | {v['rps'] / t['nginx']['rps']:.2f}x | {v['rps'] / t['haproxy']['rps']:.2f}x"
+                        L.append(f"| {labels.get(mode, mode)} | {v['rps'] / t['nginx']['rps']:.2f}x | {v['rps'] / t['haproxy']['rps']:.2f}x"
                                  f" | {v['p99_ms'] / t['haproxy']['p99_ms']:.2f}x"
                                  f" | {t['nginx']['cpu_us_per_req'] / v['cpu_us_per_req']:.2f}x"
                                  f" | {t['haproxy']['cpu_us_per_req'] / v['cpu_us_per_req']:.2f}x |")
                 L.append("")
-                paired = [(m, t[f"fencegate-{m}"]["paired"]) for m in ("enforce", "observe", "off")
+                paired = [(m.replace("-uring-off", " (--io-uring off)"), t[f"fencegate-{m}"]["paired"])
+                          for m in ("enforce", "enforce-uring-off", "observe", "off")
                           if "paired" in t.get(f"fencegate-{m}", {})]
                 if "paired" in t.get("baseline-enforce", {}):
                     paired.append(("enforce (baseline build)", t["baseline-enforce"]["paired"]))
@@ -959,6 +1404,9 @@ backend be
             L.append(f"{human_bytes(u['bytes'])} ({u['bytes']} bytes), Content-Length, status {u['status']}, {u['seconds']:.2f} s "
                      f"({u['mib_per_s']:.0f} MiB/s); peak RSS (VmHWM) {u['hwm_before_mib']:.1f} MiB before, "
                      f"**{u['hwm_mib']:.1f} MiB** after.\n")
+        self.report_scaling(L)  # issue 29
+        self.report_tls(L)
+        self.report_scale(L)
         tg = self.targets()
         if tg:
             L.append("### Targets (issue 6)\n")
@@ -1043,7 +1491,7 @@ def main():
     ap.add_argument("--results", default=os.path.join(HERE, "RESULTS.md"), help="results file for --write-results")
     ap.add_argument("--history", default=None, help="history file for --write-results (default: HISTORY.md beside --results)")
     ap.add_argument("--note", default="", help="label for this run in the results, e.g. 'before arena allocator'")
-    ap.add_argument("--parts", default="throughput,advance,memory,upload,idempotency",
+    ap.add_argument("--parts", default="throughput,advance,memory,upload,idempotency,scaling,tls,scale",
                     help="comma-separated subset to run")
     args = ap.parse_args()
     command = os.environ.get("BENCH_COMMAND") or "python3 bench/bench.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -24,6 +24,13 @@
 //       Opens N connections, sends one fenced POST (16-byte body) on each, reads each response,
 //       and keeps them all open. Prints "READY opened=.. ok=.. failed=.." then waits until
 //       stdin closes (or SIGTERM), then exits.
+//   benchtool tlsnew PORT SECONDS TOKEN            (built with -DBENCH_TLS -lssl -lcrypto)
+//       Issue 29: new TLS connections, one after another for SECONDS: connect, a full TLS 1.3
+//       handshake (no session cache, no tickets: never resumed; the certificate is not verified,
+//       the bench made it), one fenced POST with "Connection: close", read the response, close.
+//       Prints "conns=.. ok=.. bad=.. seconds=.. per_s=.. p50_us=.. p99_us=.." (connect to response).
+//   benchtool tlsidle PORT N TOKEN                 (built with -DBENCH_TLS)
+//       `idle` over TLS 1.3: N connections, each with its handshake and one fenced POST, kept open.
 //   benchtool upload PORT PATH BYTES TOKEN
 //       One POST of BYTES zero bytes (Content-Length, generated on the fly, never held),
 //       then reads the response. Prints "status=.. bytes=.. seconds=.. mib_per_s=..".
@@ -597,6 +604,143 @@ static int cmd_upload(int port, const char* path, long long bytes, const char* t
   return status == 200 ? 0 : 1;
 }
 
+// ---------------------------------------------------------------- TLS (issue 29)
+
+#ifdef BENCH_TLS
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
+static SSL_CTX* tls_ctx(void) {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_client_method());
+  if (!ctx) die("SSL_CTX_new");
+  SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+  SSL_CTX_set_max_proto_version(ctx, TLS1_3_VERSION);
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);  // never resumed
+  SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, NULL);  // the bench's own certificate
+  SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);  // 10,000 idle clients in one process
+  return ctx;
+}
+
+// One connection with its handshake. Returns NULL on failure (fd closed).
+static SSL* tls_open(SSL_CTX* ctx, int port) {
+  int fd = connect_lo(port);
+  if (fd < 0) return NULL;
+  SSL* ssl = SSL_new(ctx);
+  SSL_set_fd(ssl, fd);
+  if (SSL_connect(ssl) != 1) {
+    SSL_free(ssl);
+    close(fd);
+    ERR_clear_error();
+    return NULL;
+  }
+  return ssl;
+}
+
+static void tls_close(SSL* ssl) {
+  int fd = SSL_get_fd(ssl);
+  SSL_free(ssl);
+  close(fd);
+}
+
+// Sends `req` and reads one response with a Content-Length body. Returns the status or -1.
+static int tls_exchange(SSL* ssl, const char* req, int len) {
+  if (SSL_write(ssl, req, len) != len) return -1;
+  char buf[16384];
+  size_t have = 0;
+  for (;;) {
+    int r = SSL_read(ssl, buf + have, (int)(sizeof buf - have));
+    if (r <= 0) return -1;
+    have += (size_t)r;
+    const char* end = find_crlfcrlf(buf, have);
+    if (!end) {
+      if (have == sizeof buf) return -1;
+      continue;
+    }
+    size_t head_len = (size_t)(end - buf) + 4;
+    int status = 0;
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1) return -1;
+    const char* cl = find_header(buf, head_len, "content-length:");
+    long long body = cl ? atoll(cl) : 0;
+    long long got = (long long)(have - head_len);
+    while (got < body) {
+      r = SSL_read(ssl, buf, sizeof buf);
+      if (r <= 0) return -1;
+      got += r;
+    }
+    return status;
+  }
+}
+
+static int tls_request(char* req, size_t cap, const char* token, int close_it) {
+  return snprintf(req, cap,
+                  "POST /tls HTTP/1.1\r\nHost: 127.0.0.1\r\nFencing-Token: %s\r\n%s"
+                  "Content-Type: application/octet-stream\r\nContent-Length: 16\r\n\r\n0123456789abcdef",
+                  token, close_it ? "Connection: close\r\n" : "");
+}
+
+static int cmd_tlsnew(int port, int seconds, const char* token) {
+  signal(SIGPIPE, SIG_IGN);
+  SSL_CTX* ctx = tls_ctx();
+  char req[512];
+  int len = tls_request(req, sizeof req, token, 1);
+  size_t cap = 1 << 20, n = 0;
+  int64_t* lat = malloc(cap * sizeof *lat);
+  int ok = 0, bad = 0;
+  int64_t t0 = now_ns(), end = t0 + (int64_t)seconds * 1000000000LL;
+  while (now_ns() < end) {
+    int64_t s = now_ns();
+    SSL* ssl = tls_open(ctx, port);
+    int st = ssl ? tls_exchange(ssl, req, len) : -1;
+    if (ssl) {
+      SSL_shutdown(ssl);  // close_notify, one way: the server closes after its response anyway
+      tls_close(ssl);
+    }
+    if (st == 200) {
+      ok++;
+      if (n < cap) lat[n++] = now_ns() - s;
+    } else {
+      bad++;
+    }
+  }
+  double secs = (double)(now_ns() - t0) / 1e9;
+  qsort(lat, n, sizeof *lat, cmp_i64);
+  printf("conns=%d ok=%d bad=%d seconds=%.3f per_s=%.1f p50_us=%lld p99_us=%lld\n", ok + bad, ok, bad, secs,
+         ok / secs, (long long)(pct(lat, n, 50) / 1000), (long long)(pct(lat, n, 99) / 1000));
+  return bad == 0 ? 0 : 1;
+}
+
+static int cmd_tlsidle(int port, int count, const char* token) {
+  signal(SIGPIPE, SIG_IGN);
+  SSL_CTX* ctx = tls_ctx();
+  SSL** conns = calloc((size_t)count, sizeof *conns);
+  char req[512];
+  int len = tls_request(req, sizeof req, token, 0);
+  int opened = 0, ok = 0, failed = 0;
+  for (int i = 0; i < count; i++) {
+    conns[i] = tls_open(ctx, port);
+    if (!conns[i]) {
+      failed++;
+      continue;
+    }
+    opened++;
+    if (tls_exchange(conns[i], req, len) == 200) ok++;
+    else failed++;
+  }
+  printf("READY opened=%d ok=%d failed=%d\n", opened, ok, failed);
+  fflush(stdout);
+  signal(SIGTERM, on_term);
+  char b[64];
+  while (!g_stop) {
+    ssize_t r = read(0, b, sizeof b);
+    if (r == 0 || (r < 0 && errno != EINTR)) break;
+  }
+  for (int i = 0; i < count; i++)
+    if (conns[i]) tls_close(conns[i]);
+  return 0;
+}
+#endif
+
 int main(int argc, char** argv) {
   if (argc >= 3 && strcmp(argv[1], "upstream") == 0) cmd_upstream(atoi(argv[2]));
   if (argc >= 5 && strcmp(argv[1], "fsync") == 0) return cmd_fsync(argv[2], atoi(argv[3]), atoi(argv[4]));
@@ -604,6 +748,10 @@ int main(int argc, char** argv) {
     return cmd_advance(atoi(argv[2]), argv[3], atoll(argv[4]), atoi(argv[5]), atoi(argv[6]), argc >= 8 ? argv[7] : NULL);
   if (argc >= 5 && strcmp(argv[1], "idle") == 0) return cmd_idle(atoi(argv[2]), atoi(argv[3]), argv[4]);
   if (argc >= 6 && strcmp(argv[1], "upload") == 0) return cmd_upload(atoi(argv[2]), argv[3], atoll(argv[4]), argv[5]);
+#ifdef BENCH_TLS
+  if (argc >= 5 && strcmp(argv[1], "tlsnew") == 0) return cmd_tlsnew(atoi(argv[2]), atoi(argv[3]), argv[4]);
+  if (argc >= 5 && strcmp(argv[1], "tlsidle") == 0) return cmd_tlsidle(atoi(argv[2]), atoi(argv[3]), argv[4]);
+#endif
   fprintf(stderr, "usage: see the comment at the top of bench/benchtool.c\n");
   return 2;
 }
