@@ -185,6 +185,18 @@ def children(pid):
     return out
 
 
+def nofile_limit(pid):
+    """The soft open-file limit process `pid` runs with (/proc/PID/limits); 0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/limits") as f:
+            for line in f:
+                if line.startswith("Max open files"):
+                    return int(line.split()[3])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def cpu_ticks(pids):
     total = 0
     for pid in pids:
@@ -322,7 +334,8 @@ class Bench:
         self.load_cpu = allowed[0] if self.pin else None
         self.target_cpu = allowed[1] if self.pin else None
         self.res = {"throughput": {}, "advance": None, "memory": {}, "upload": None, "checks": [], "idempotency": {},
-                    "scaling": {}, "tls": {}, "scale": {}}
+                    "scaling": {}, "tls": {}, "scale": {},
+                    "scaling_nofile": {}}
         self.tmp = tempfile.mkdtemp(prefix="fencegate-bench.", dir=os.environ.get("BENCH_TMPDIR") or None)
         self.procs = Procs(self.tmp)
 
@@ -699,6 +712,8 @@ backend be
                         pids = lambda p=p: [p.pid]
                     # wrk's default 2 s timeout counts a slow answer as an error: at 1,024 connections on
                     # one load core the tail passes 1 s; 10 s still catches a proxy that stalls.
+                    # The fd limit each proxy really runs with (nginx: its worker's), for the report.
+                    self.res["scaling_nofile"][name] = min(nofile_limit(x) for x in pids())
                     self.wrk(port, 1, name=f"warmup-{inst}", conns=conns, timeout_s=10)
                     kv = self.wrk(port, secs, name=f"wrk-{inst}", pids_fn=pids, conns=conns, timeout_s=10)
                     self.procs.stop(p)
@@ -708,6 +723,10 @@ backend be
                         f"  {kv['cpu_us_per_req']:5.1f} us/req  p99 {kv['p99_us'] / 1000:6.2f} ms"
                         + (f"  ERRORS status={kv['status_err']:.0f} socket={kv['sock_err']:.0f}"
                            if kv["status_err"] or kv["sock_err"] else ""))
+        most = max(c for c, _ in out) if out else 0
+        low = {n: v for n, v in self.res["scaling_nofile"].items() if v < 2 * most + 100}
+        self.check(f"scaling: every proxy's open-file limit covers {most} client + {most} upstream connections"
+                   + (f": not {low}" if low else ""), not low)
         errs = [f"{n} c={c} t={t}" for (c, t), row in out.items() for n, rs in row.items()
                 if any(r["status_err"] or r["sock_err"] for r in rs)]
         self.check("scaling: no non-2xx or socket errors at any connection count" + (f": not {', '.join(errs)}" if errs else ""),
@@ -723,7 +742,9 @@ backend be
         L.append("One worker each pinned to its own core, as in the throughput part; the last row: fencegate "
                  "`--threads 2`, HAProxy `nbthread 2`, nginx `worker_processes 2`, not pinned (they may use both "
                  "cores, the load side stays pinned to its own). CPU per request: the proxy's user+system time "
-                 f"(/proc) over the run / requests. Open-file limit of the run (wrk and the proxies inherit it): {self.nofile}.\n")
+                 f"(/proc) over the run / requests. Open-file limits (soft, from /proc/PID/limits): wrk {self.nofile} "
+                 "(inherited from the run), "
+                 + ", ".join(f"{n} {v}" for n, v in self.res["scaling_nofile"].items()) + ".\n")
         L.append("| connections | threads | nginx req/s | HAProxy req/s | fencegate req/s | nginx µs/req | HAProxy µs/req "
                  "| fencegate µs/req | fencegate / HAProxy req/s | HAProxy / fencegate CPU | nginx p99 ms | HAProxy p99 ms "
                  "| fencegate p99 ms |")
@@ -797,7 +818,8 @@ backend be
         for name in ("fencegate-enforce", "nginx"):
             port, p, pids = self.tls_launch(name, f"tls-idle.{name}")
             log(f"tls memory: {self.idle_conns} idle TLS connections to {name}")
-            out.setdefault("idle", {})[name] = self.idle_memory(f"tls-{name}", port, pids, cmd="tlsidle")
+            out.setdefault("idle", {})[name] = self.idle_memory(f"tls-{name}", port, pids, cmd="tlsidle",
+                                                                clients=self.tls_clients)
             self.procs.stop(p)
 
     def report_tls(self, L):
@@ -1117,22 +1139,28 @@ backend be
         }
         self.procs.stop(p)
 
-    def idle_memory(self, name, port, pids_fn, cmd="idle"):
+    def idle_memory(self, name, port, pids_fn, cmd="idle", clients=1):
+        """PSS with self.idle_conns idle connections, opened by `clients` processes of `cmd` at once
+        (TLS: handshakes one after another per client, so several keep the proxy busy)."""
         base = pss_kb(pids_fn())
-        idle = self.procs.start(f"idle-{name}", [self.tool, cmd, str(port), str(self.idle_conns), TOKEN],
-                                cpu=self.load_cpu, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        line = idle.stdout.readline().decode()
-        kv = parse_kv(line)
+        share = [self.idle_conns // clients + (1 if i < self.idle_conns % clients else 0) for i in range(clients)]
+        idles = [self.procs.start(f"idle-{name}", [self.tool, cmd, str(port), str(n), TOKEN], cpu=self.load_cpu,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE) for n in share]
+        lines = [idle.stdout.readline().decode() for idle in idles]
+        kvs = [parse_kv(line) for line in lines]
+        ok = sum(int(kv.get("ok", 0)) for kv in kvs)
         time.sleep(1)
         pss = pss_kb(pids_fn())
         rss = sum(status_kb(pid, "VmRSS") for pid in pids_fn())
-        idle.stdin.close()
-        idle.wait(60)
-        self.procs.procs = [(n, q) for (n, q) in self.procs.procs if q is not idle]
-        self.check(f"{name}: {self.idle_conns} idle connections all answered 200 ({line.strip()})",
-                   line.startswith("READY") and kv.get("ok") == self.idle_conns)
+        for idle in idles:
+            idle.stdin.close()
+            idle.wait(60)
+        self.procs.procs = [(n, q) for (n, q) in self.procs.procs if q not in idles]
+        summary = "; ".join(line.strip() for line in lines)
+        self.check(f"{name}: {self.idle_conns} idle connections all answered 200 ({summary})",
+                   all(line.startswith("READY") for line in lines) and ok == self.idle_conns)
         return {"base_pss_mib": base / 1024, "pss_mib": pss / 1024, "rss_mib": rss / 1024,
-                "ok": int(kv.get("ok", 0)), "per_conn_kib": (pss - base) / max(1, self.idle_conns)}
+                "ok": ok, "per_conn_kib": (pss - base) / max(1, self.idle_conns)}
 
     def memory(self):
         fg_port, fg, _ = self.start_fencegate("fencegate-idle", extra=["--max-connections", str(self.idle_conns + 100)])

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fencegate benchmark: fencegate vs nginx vs HAProxy on loopback, in one run. See bench/README.md.
 #
-#   bench/run.sh                      # full run (~4-5 min), prints the summary
+#   bench/run.sh                      # full run (~11-12 min, every part), prints the summary
 #   bench/run.sh --write-results      # ... and makes it the newest run in bench/RESULTS.md (the
 #                                     # run it replaces moves to bench/HISTORY.md)
 #   BENCH_DURATION=3 BENCH_REPS=1 bench/run.sh            # quick look (~1.5 min)
