@@ -36,6 +36,12 @@ namespace {
 // kPruneMinGap (so a steady write load does not pay an extra transaction per batch).
 constexpr std::chrono::milliseconds kPruneIdleInterval{1000};
 constexpr std::chrono::milliseconds kPruneMinGap{200};
+// Issue 29: a backlog of rows older than max_age (retention first set on a large log, or lowered)
+// is deleted a chunk at a time with a rest of kPruneBacklogRest x the chunk's own time after each,
+// so the store thread takes at most a quarter of a core for it: on a host where it shares a core
+// with the I/O threads it would otherwise take half of that core for minutes. Rows over max_rows
+// are deleted without a rest (that bound is what caps the disk). Writes still go first.
+constexpr int kPruneBacklogRest = 3;
 
 std::int64_t now_ms() {
   using namespace std::chrono;
@@ -401,6 +407,7 @@ class OwnedStore final : public TestableStore {
     bool prune_more = false;      // the last chunk may have left more to delete
     bool prune_now = false;       // retention was just set
     auto last_prune = Clock::now() - kPruneIdleInterval;
+    auto prune_rested = Clock::now();  // issue 29: no chunk of a backlog before this
     bool keys_more = false;  // issue 30: the last chunk of expired keys may have left more
     auto last_key_prune = Clock::now();
     for (;;) {
@@ -412,6 +419,8 @@ class OwnedStore final : public TestableStore {
             cv_.wait_for(lk, kRetryInterval, wake);
           else  // retention, and the health check, also run when idle
             cv_.wait_for(lk, std::min<std::chrono::milliseconds>(kPruneIdleInterval, kHealthInterval), wake);
+        } else if (prune_more && !keys_more && retry_.empty() && !wake()) {
+          cv_.wait_until(lk, prune_rested, wake);  // issue 29: the backlog's rest
         }
         if (queue_.empty() && stopping_) {  // stopping and drained: rows still to retry get one last try
           if (retry_.empty() || last_try) {
@@ -449,6 +458,7 @@ class OwnedStore final : public TestableStore {
       }
       const auto now = Clock::now();
       if (!prune_more && !prune_now && now - last_prune < kPruneMinGap) continue;
+      if (prune_more && !prune_now && now < prune_rested) continue;
       {
         std::lock_guard lk(mu_);
         if (stopping_) continue;  // drain and exit; no pruning on the way out
@@ -460,6 +470,10 @@ class OwnedStore final : public TestableStore {
       prune_more = prune_chunk(retention);
       prune_now = false;
       last_prune = now;
+      // The row bound caps the disk a flood of refusals can fill: its excess goes at full speed.
+      const bool over_rows =
+          retention.max_rows > 0 && (audit_rows_ < 0 || static_cast<std::uint64_t>(audit_rows_) > retention.max_rows);
+      prune_rested = over_rows ? Clock::now() : Clock::now() + (Clock::now() - now) * kPruneBacklogRest;
     }
   }
 
