@@ -1521,6 +1521,13 @@ Each run ends with a table of these, met or missed in that run:
 - 10,000 idle keep-alive connections: PSS <= nginx's.
 - A 1 GiB streamed upload: peak RSS <= 64 MiB.
 
+Issue 29 adds (same table): CPU per fenced POST <= 0.8x HAProxy's, throughput >= 1.25x HAProxy and
+p99 <= HAProxy's with io_uring (>= 1.1x with `--io-uring off`, same CPU and p99 targets); 10,000
+idle connections, plain and TLS, in <= 0.6x nginx's PSS; 100,000 resources: start-up <= 1 s and
+throughput >= 0.9x that with 10; 10 million audit rows: the newest 100 rows of a resource and the
+unfenced report of the last hour each <= 50 ms; data-path p99 with retention pruning running <=
+1.2x without.
+
 The newest run follows; its own table of targets is at its end.
 
 """
