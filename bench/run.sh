@@ -4,7 +4,7 @@
 #   bench/run.sh                      # full run (~11-12 min, every part), prints the summary
 #   bench/run.sh --write-results      # ... and makes it the newest run in bench/RESULTS.md (the
 #                                     # run it replaces moves to bench/HISTORY.md)
-#   BENCH_DURATION=3 BENCH_REPS=1 bench/run.sh            # quick look (~1.5 min)
+#   BENCH_DURATION=3 BENCH_REPS=1 bench/run.sh            # quick look (~6 min; BENCH_SCALE_AUDIT_ROWS=1000000 for less)
 #   bench/run.sh --parts throughput --note "after X"      # one part, labelled
 #   BENCH_FENCEGATE=/path/to/fencegate bench/run.sh       # bench another binary
 #
