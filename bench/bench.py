@@ -784,9 +784,11 @@ backend be
         for rep in range(self.tls_reps):
             for name in names[rep % 3:] + names[:rep % 3]:
                 port, p, pids = self.tls_launch(name, f"tls.{name}.{rep}")
-                self.wrk(port, 1, name=f"warmup-tls-{name}", scheme="https")
+                # System calls per request counted by perf over the warm-up, as in the throughput part.
+                w = self.wrk(port, 2, name=f"warmup-tls-{name}", scheme="https", count_pids=pids())
                 kv = self.wrk(port, self.tls_seconds, name=f"wrk-tls-{name}", pids_fn=pids, scheme="https")
                 kv["cpu_us_per_req"] = kv["cpu_pct"] / 100 / max(1.0, kv["rps"]) * 1e6
+                kv["syscalls_per_req"] = w["syscalls"] / w["requests"] if w.get("syscalls") and w["requests"] else None
                 out.setdefault("keepalive", {}).setdefault(name, []).append(kv)
                 # BENCH_TLS_CLIENTS sequential clients at once, so the proxy always has a handshake to do.
                 t0, w0 = cpu_ticks(pids()), time.time()
@@ -835,15 +837,16 @@ backend be
                  "fenced POST with `Connection: close`, response, close; latency is connect to response. "
                  "p99 is the highest of the clients' p99s. Proxy CPU: user+system from /proc over the run.\n".format(
                      self.conns, self.tls_seconds, self.tls_clients))
-        L.append("| proxy | keep-alive req/s | p99 ms | CPU µs per request | new connections/s | connect-to-response "
-                 "p50 ms | p99 ms | proxy CPU µs per new connection |")
-        L.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        L.append("| proxy | keep-alive req/s | p99 ms | CPU µs per request | syscalls per request | new connections/s "
+                 "| connect-to-response p50 ms | p99 ms | proxy CPU µs per new connection |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name in ("nginx", "haproxy", "fencegate-enforce"):
             k, n = t.get("keepalive", {}).get(name), t.get("new", {}).get(name)
             if not k or not n:
                 continue
+            sc = [x["syscalls_per_req"] for x in k if x.get("syscalls_per_req")]
             L.append(f"| {name} | {med(k, 'rps'):.0f} | {med(k, 'p99_us') / 1000:.2f} | {med(k, 'cpu_us_per_req'):.1f} "
-                     f"| {med(n, 'per_s'):.0f} | {med(n, 'p50_us') / 1000:.2f} | {med(n, 'p99_us') / 1000:.2f} "
+                     f"| {statistics.median(sc) if sc else float('nan'):.2f} | {med(n, 'per_s'):.0f} | {med(n, 'p50_us') / 1000:.2f} | {med(n, 'p99_us') / 1000:.2f} "
                      f"| {med(n, 'cpu_us_per_conn'):.0f} |")
         L.append("")
         if t.get("idle"):
