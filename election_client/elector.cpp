@@ -63,8 +63,7 @@ void stop_leftovers(const std::string& cgroup) {
     if (n > 0)
       log::warn("killed the processes left in the command's cgroup (cgroup.kill)",
                 {log::kv("count", n), log::kv("cgroup", cgroup)});
-    else if (n < 0)
-      log::error("could not empty the command's cgroup", {log::kv("cgroup", cgroup)});
+    else if (n < 0) log::error("could not empty the command's cgroup", {log::kv("cgroup", cgroup)});
   }
   // The subreaper's sweep: the fallback, and a safety net behind the cgroup.
   if (int n = kill_descendants(2000ms))
@@ -101,8 +100,7 @@ class Elect {
     if (cgroup_parent_.empty()) return {};
     const std::string dir = cgroup_parent_ + "/fencegate-elect-" + std::to_string(getpid());
     if (std::string e = make_command_cgroup(dir); !e.empty()) {
-      log::warn("cannot make the command's cgroup; the subreaper alone stops what it leaves",
-                {log::kv("error", e)});
+      log::warn("cannot make the command's cgroup; the subreaper alone stops what it leaves", {log::kv("error", e)});
       return {};
     }
     return dir;
@@ -422,7 +420,10 @@ int Elect::run() {
     }
     Guardian guardian;
     std::string cgroup = command_cgroup();
+    const bool wanted_cgroup = !cgroup.empty();
     pid_t pid = spawn(f_.command, child_env(f_, token), term->deadline() + term->margin(), &guardian, &cgroup);
+    if (wanted_cgroup && cgroup.empty() && pid >= 0)
+      log::warn("could not move the command into its cgroup; the subreaper alone stops what it leaves");
     if (pid < 0) {
       stop_leftovers(cgroup);
       log::error("could not start the command",

@@ -428,7 +428,10 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
   // born there.
   if (cgroup && !cgroup->empty()) {
     const std::string p = std::to_string(pid);
-    if (!write_text((*cgroup + "/cgroup.procs").c_str(), p.c_str(), p.size())) cgroup->clear();
+    if (!write_text((*cgroup + "/cgroup.procs").c_str(), p.c_str(), p.size())) {
+      rmdir(cgroup->c_str());  // unused: the command runs without (the subreaper remains)
+      cgroup->clear();
+    }
   }
   *guardian = start_guardian(pid, expiry, cgroup ? *cgroup : std::string());
   { [[maybe_unused]] auto w = write(go[1], "g", 1); }

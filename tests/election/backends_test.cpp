@@ -470,6 +470,12 @@ TEST_CASE(
                                      "routes[0].authority.coordinator: must be etcd://host:port"},
         std::pair<json, std::string>{json{{"coordinator", "rediss://a:6380"}, {"election", "e"}},
                                      "routes[0].authority.coordinator: rediss:// needs hiredis with TLS (1.0+)"},
+        std::pair<json, std::string>{json{{"coordinator", "zk://a:1"}, {"poll_ms", 5000}, {"election", "e"}},
+                                     "routes[0].authority.poll_ms: only for a redis:// coordinator"},
+        std::pair<json, std::string>{json{{"etcd", {"http://a:2379"}}, {"poll_ms", 5000}, {"election", "e"}},
+                                     "routes[0].authority.poll_ms: only for a redis:// coordinator"},
+        std::pair<json, std::string>{json{{"coordinator", "redis://a:1"}, {"poll_ms", 10}, {"election", "e"}},
+                                     "routes[0].authority.poll_ms: must be an integer from 50 to 600000"},
         std::pair<json, std::string>{json{{"coordinator", "redis://a:1,b:2"}, {"election", "e"}},
                                      "routes[0].authority.coordinator: must be"},
         std::pair<json, std::string>{json{{"coordinator", "zk://a:1"}, {"etcd", {"http://a:2379"}}, {"election", "e"}},
@@ -632,8 +638,7 @@ TEST_CASE(
   std::string why;
   const std::string parent = fencegate::election::command_cgroup_parent(&why);
   if (parent.empty()) {
-    MESSAGE("SKIPPED: cgroup v2 is not writable here (", why,
-            "); the subreaper test covers the fallback");
+    MESSAGE("SKIPPED: cgroup v2 is not writable here (", why, "); the subreaper test covers the fallback");
     return;
   }
   if (::access("/usr/bin/redis-cli", X_OK) != 0) {
@@ -644,8 +649,19 @@ TEST_CASE(
   FG_START_REDIS(redis);
   TempDir dir("fencegate-cgroup");
   const std::string pidfile = dir.file("daemon.pid");
-  std::vector<std::string> argv{kFencegate, "elect", "--coordinator", redis.url(), "--election", "jobs", "--ttl", "2",
-                                "--grace-ms", "500", "--", "sh", "-c",
+  std::vector<std::string> argv{kFencegate,
+                                "elect",
+                                "--coordinator",
+                                redis.url(),
+                                "--election",
+                                "jobs",
+                                "--ttl",
+                                "2",
+                                "--grace-ms",
+                                "500",
+                                "--",
+                                "sh",
+                                "-c",
                                 "setsid sh -c 'sleep 300 & echo $! > " + pidfile + ".tmp; mv " + pidfile + ".tmp " +
                                     pidfile + "' & exec sleep 300"};
   Process elect = Process::start(argv, ProcessOptions{dir.file("elect.log"), {}, {}});
@@ -660,8 +676,8 @@ TEST_CASE(
   // The daemon was born in the command's cgroup: it is listed there, and its /proc cgroup says so.
   const std::string procs = read_file(cgroup + "/cgroup.procs");
   CHECK_MESSAGE(("\n" + procs).find("\n" + std::to_string(daemon) + "\n") != std::string::npos, procs);
-  CHECK(read_file("/proc/" + std::to_string(daemon) + "/cgroup").find("/fencegate-elect-" +
-                                                                      std::to_string(elect.pid())) != std::string::npos);
+  CHECK(read_file("/proc/" + std::to_string(daemon) + "/cgroup")
+            .find("/fencegate-elect-" + std::to_string(elect.pid())) != std::string::npos);
   // The lock is taken away: the lease is lost, the command stopped, exit 75; the daemon died with
   // the cgroup (the subreaper's sweep found nothing left).
   auto del =

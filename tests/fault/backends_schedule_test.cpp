@@ -16,8 +16,8 @@
 //
 // The workers' command is this binary in writer mode (FG_PW_LOG, see partition_test.cpp's end).
 // FG_FAULT_SEED replays a run; FG_FAULT_BACKENDS_SCHEDULES (per backend, default 2),
-// FG_FAULT_BACKENDS_FAULTS (default 2; the deck of three kinds covers each over two schedules), FG_FAULT_BACKENDS (etcd,zk,redis) and
-// FG_FAULT_VERBOSE=1 are described in tests/fault/README.md.
+// FG_FAULT_BACKENDS_FAULTS (default 2; the deck of three kinds covers each over two schedules), FG_FAULT_BACKENDS
+// (etcd,zk,redis) and FG_FAULT_VERBOSE=1 are described in tests/fault/README.md.
 #include <doctest/doctest.h>
 #include <signal.h>
 #include <time.h>
@@ -116,7 +116,8 @@ struct Schedule {
   std::string describe() const {
     std::string s = std::string(to_string(backend)) + " schedule " + std::to_string(index) + " (seed " +
                     std::to_string(seed) + "): workers=" + std::to_string(workers) +
-                    " authority=" + (authority ? "yes" : "no") + (backend == Backend::redis ? std::string(" notify=") + (notify ? "yes" : "no") : "") +
+                    " authority=" + (authority ? "yes" : "no") +
+                    (backend == Backend::redis ? std::string(" notify=") + (notify ? "yes" : "no") : "") +
                     " interval=" + std::to_string(write_interval_ms) + "ms faults:";
     for (const auto& f : steps) s += std::string(" ") + to_string(f.kind) + "(" + std::to_string(f.duration_ms) + "ms)";
     return s;
@@ -146,7 +147,7 @@ std::vector<Schedule> make_schedules(Backend b, std::uint64_t seed, int count, i
       }
       FaultStep f{deck.back()};
       deck.pop_back();
-      f.duration_ms = f.kind == Fault::sigstop ? kTtlS * 1000 + uni(500, 2000)
+      f.duration_ms = f.kind == Fault::sigstop   ? kTtlS * 1000 + uni(500, 2000)
                       : f.kind == Fault::restart ? uni(200, kTtlS * 1000 + 1500)
                                                  : 0;
       s.steps.push_back(f);
@@ -227,7 +228,10 @@ struct Worker {
 
 class World {
  public:
-  World(const Schedule& s, const std::string& dir) : s_(s), dir_(dir) { coord_.kind = s.backend; coord_.notify = s.notify; }
+  World(const Schedule& s, const std::string& dir) : s_(s), dir_(dir) {
+    coord_.kind = s.backend;
+    coord_.notify = s.notify;
+  }
   ~World() {
     for (auto& w : workers_)
       if (w.elect) {
@@ -244,9 +248,8 @@ class World {
   void setup() {
     REQUIRE_MESSAGE(coord_.start(), to_string(s_.backend), " did not start:\n", coord_.log());
     std::mt19937 rng(static_cast<unsigned>(s_.seed * 31 + static_cast<std::uint64_t>(s_.index)));
-    upstream_ = std::make_unique<RecordingUpstream>([rng](const RecordedRequest&) mutable {
-      return UpstreamAction::delayed(static_cast<int>(rng() % 31));
-    });
+    upstream_ = std::make_unique<RecordingUpstream>(
+        [rng](const RecordedRequest&) mutable { return UpstreamAction::delayed(static_cast<int>(rng() % 31)); });
     admin_port_ = free_port();
     json route;
     route["prefix"] = std::string("/r/") + kResource + "/";
@@ -275,11 +278,24 @@ class World {
   }
 
   void start_worker(Worker& w) {
-    std::vector<std::string> argv{kFencegate, "elect", "--coordinator", coord_.url(), "--election", election(),
-                                  "--id", w.id, "--ttl", std::to_string(kTtlS), "--grace-ms", "500",
-                                  "--fence-timeout-ms", "3000", "--fence",
+    std::vector<std::string> argv{kFencegate,
+                                  "elect",
+                                  "--coordinator",
+                                  coord_.url(),
+                                  "--election",
+                                  election(),
+                                  "--id",
+                                  w.id,
+                                  "--ttl",
+                                  std::to_string(kTtlS),
+                                  "--grace-ms",
+                                  "500",
+                                  "--fence-timeout-ms",
+                                  "3000",
+                                  "--fence",
                                   "http://127.0.0.1:" + std::to_string(admin_port_) + "/v1/resources/" + kResource,
-                                  "--", self_exe()};
+                                  "--",
+                                  self_exe()};
     ProcessOptions o;
     o.log_path = w.elect_log(w.runs);
     o.env = {"FG_PW_LOG=" + w.ops_log(), "FG_PW_PROXY=127.0.0.1:" + std::to_string(proxy_->port()),
@@ -331,8 +347,8 @@ class World {
 
   // The leader per the coordinator (`fencegate leader`): worker index and token, or -1.
   std::pair<int, std::int64_t> leader() {
-    auto r = run_command({kFencegate, "leader", "--coordinator", coord_.url(), "--election", election(),
-                          "--timeout-ms", "1000"},
+    auto r = run_command({kFencegate, "leader", "--coordinator", coord_.url(), "--election", election(), "--timeout-ms",
+                          "1000"},
                          5s);
     if (r.code() != 0) return {-1, 0};
     json j = json::parse(r.out, nullptr, false);
@@ -555,8 +571,8 @@ void check_elections(const std::vector<Activation>& acts, const std::set<pid_t>&
     for (const auto& b : acts)
       if (b.token > a.token && !paused.count(a.pid) && a.last_send > b.at)
         failures->push_back("overlapping leaders: token " + std::to_string(a.token) + " sent a write at +" +
-                            std::to_string(ms_since(t0, a.last_send)) + "ms, after token " +
-                            std::to_string(b.token) + " started at +" + std::to_string(ms_since(t0, b.at)) + "ms");
+                            std::to_string(ms_since(t0, a.last_send)) + "ms, after token " + std::to_string(b.token) +
+                            " started at +" + std::to_string(ms_since(t0, b.at)) + "ms");
   for (const auto& u : h.upstream)
     for (const auto& b : acts)
       if (u.generation < b.token && u.arrival > b.at) {
@@ -645,8 +661,8 @@ Result run_schedule(const Schedule& s) {
     if (!w.wait_until([&] { return accepted_after(healed); }, bound))
       res.failures.push_back(std::string("liveness: no accepted write within ") + std::to_string(bound.count()) +
                              " ms after " + to_string(f.kind));
-    w.event(std::string("recovered from ") + to_string(f.kind) + " in " + std::to_string(ms_since(healed, Clock::now())) +
-            " ms");
+    w.event(std::string("recovered from ") + to_string(f.kind) + " in " +
+            std::to_string(ms_since(healed, Clock::now())) + " ms");
     if (f.kind != Fault::restart) {
       if (!w.wait_until(successor_started, 5s))
         res.failures.push_back(std::string("after ") + to_string(f.kind) + " of " + who +
@@ -726,7 +742,8 @@ bool backend_available(Backend b) {
 }
 
 void run_backend(Backend b) {
-  if (const char* only = std::getenv("FG_FAULT_BACKENDS"); only && *only &&
+  if (const char* only = std::getenv("FG_FAULT_BACKENDS");
+      only && *only &&
       ("," + std::string(only) + ",").find("," + std::string(to_string(b)) + ",") == std::string::npos) {
     MESSAGE("SKIPPED: FG_FAULT_BACKENDS=", only);
     return;
@@ -749,16 +766,16 @@ void run_backend(Backend b) {
             " deposed tokens refused=", r.probes_refused, " elect exits:", exits);
     if (std::getenv("FG_FAULT_VERBOSE")) MESSAGE(r.logs);
     INFO(s.describe());
-    INFO("replay: FG_FAULT_SEED=", s.seed, " FG_FAULT_BACKENDS_SCHEDULES=", s.index + 1, " FG_FAULT_BACKENDS=",
-         std::string(to_string(b)), " test_fault -tc='backends schedule*'");
+    INFO("replay: FG_FAULT_SEED=", s.seed, " FG_FAULT_BACKENDS_SCHEDULES=", s.index + 1,
+         " FG_FAULT_BACKENDS=", std::string(to_string(b)), " test_fault -tc='backends schedule*'");
     std::string failures;
     for (const auto& f : r.failures) failures += "  " + f + "\n";
     CHECK_MESSAGE(r.violations.empty(), "history checker:\n", fault::describe(r.violations), "\n", r.logs);
     CHECK_MESSAGE(r.failures.empty(), "elections:\n", failures, "\n", r.logs);
     if (!r.violations.empty() || !r.failures.empty()) ++failed;
   }
-  MESSAGE(std::string(to_string(b)), " schedules (FG_FAULT_SEED=", seed, "): ", count, " in ", ms_since(t, Clock::now()),
-          " ms, ", failed, " failed");
+  MESSAGE(std::string(to_string(b)), " schedules (FG_FAULT_SEED=", seed, "): ", count, " in ",
+          ms_since(t, Clock::now()), " ms, ", failed, " failed");
 }
 
 }  // namespace
@@ -766,17 +783,20 @@ void run_backend(Backend b) {
 
 using namespace fencegate::testing;
 
-TEST_CASE("backends schedule: etcd -- seeded SIGSTOPs, kill -9s and restarts against elect workers; the history "
-          "keeps the contract") {
+TEST_CASE(
+    "backends schedule: etcd -- seeded SIGSTOPs, kill -9s and restarts against elect workers; the history "
+    "keeps the contract") {
   run_backend(Backend::etcd);
 }
 
-TEST_CASE("backends schedule: ZooKeeper -- seeded SIGSTOPs, kill -9s and restarts against elect workers; the "
-          "history keeps the contract") {
+TEST_CASE(
+    "backends schedule: ZooKeeper -- seeded SIGSTOPs, kill -9s and restarts against elect workers; the "
+    "history keeps the contract") {
   run_backend(Backend::zk);
 }
 
-TEST_CASE("backends schedule: Redis -- seeded SIGSTOPs, kill -9s and restarts against elect workers; the history "
-          "keeps the contract") {
+TEST_CASE(
+    "backends schedule: Redis -- seeded SIGSTOPs, kill -9s and restarts against elect workers; the history "
+    "keeps the contract") {
   run_backend(Backend::redis);
 }
