@@ -119,8 +119,9 @@ int Elect::catch_up(std::int64_t token, Candidacy& term) {
   const pid_t pid =
       spawn({"/bin/sh", "-c", f_.catch_up}, child_env(f_, token), term.deadline() + term.margin(), &guardian, &cgroup);
   if (pid < 0) {
+    const int e = errno;
     stop_leftovers(cgroup);
-    log::error("could not start the catch-up command", {log::kv("error", std::strerror(errno))});
+    log::error("could not start the catch-up command", {log::kv("error", std::strerror(e))});
     return -1;
   }
   log::info("catch-up started", {log::kv("pid", pid), log::kv("token", token)});
@@ -425,9 +426,10 @@ int Elect::run() {
     if (wanted_cgroup && cgroup.empty() && pid >= 0)
       log::warn("could not move the command into its cgroup; the subreaper alone stops what it leaves");
     if (pid < 0) {
+      const int e = errno;  // before the cleanup's own calls
       stop_leftovers(cgroup);
       log::error("could not start the command",
-                 {log::kv("command", f_.command.front()), log::kv("error", std::strerror(errno))});
+                 {log::kv("command", f_.command.front()), log::kv("error", std::strerror(e))});
       term->give_up(true);
       return kExitUnavailable;
     }

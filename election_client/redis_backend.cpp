@@ -337,7 +337,7 @@ class RedisFeed final : public ChangeFeed {
       return "notify-keyspace-events is \"" + flags + "\" (needs K with A, or with g$x)";
     redisContext* ctx = conn_.open(&why);
     if (!ctx) return why;
-    const std::string prefix = "__keyspace@" + std::to_string(db_of(conn_)) + "__:";
+    const std::string prefix = "__keyspace@" + std::to_string(conn_.db()) + "__:";
     const std::string lock = prefix + lock_key(election), gen = prefix + generation_key(election);
     const char* argv[] = {"SUBSCRIBE", lock.c_str(), gen.c_str()};
     const std::size_t lens[] = {9, lock.size(), gen.size()};
@@ -373,7 +373,7 @@ class RedisFeed final : public ChangeFeed {
     if (!ctx_) return Event::broken;
     for (;;) {
       void* r = nullptr;
-      if (redisReaderGetReply(ctx_->reader, &r) != REDIS_OK) return broken(), Event::broken;
+      if (redisReaderGetReply(ctx_->reader, &r) != REDIS_OK) return fail();
       if (r) {
         Reply rep(static_cast<redisReply*>(r));
         // ["message", channel, event] or, for a PING while subscribed, ["pong", ""].
@@ -387,14 +387,17 @@ class RedisFeed final : public ChangeFeed {
       pollfd p{ctx_->fd, POLLIN, 0};
       const int n = ::poll(&p, 1, static_cast<int>(timeout.count()));
       if (n == 0) return Event::timeout;
-      if (n < 0) return errno == EINTR ? Event::timeout : (broken(), Event::broken);
-      if (redisBufferRead(ctx_) != REDIS_OK) return broken(), Event::broken;
+      if (n < 0) return errno == EINTR ? Event::timeout : fail();
+      if (redisBufferRead(ctx_) != REDIS_OK) return fail();
       timeout = 0ms;  // what arrived is read; the next turn returns it or times out at once
     }
   }
 
  private:
-  static int db_of(const RedisConn& c) { return c.db(); }
+  Event fail() {
+    broken();
+    return Event::broken;
+  }
   bool broken() {
     conn_.drop();
     ctx_ = nullptr;
