@@ -98,7 +98,7 @@ class Elect {
   // writable here, or this one cannot be made (logged; the subreaper remains).
   std::string command_cgroup() const {
     if (cgroup_parent_.empty()) return {};
-    const std::string dir = cgroup_parent_ + "/fencegate-elect-" + std::to_string(getpid());
+    std::string dir = cgroup_parent_ + "/fencegate-elect-" + std::to_string(getpid());
     if (std::string e = make_command_cgroup(dir); !e.empty()) {
       log::warn("cannot make the command's cgroup; the subreaper alone stops what it leaves", {log::kv("error", e)});
       return {};
