@@ -633,7 +633,8 @@ TEST_CASE("elect: a process the command daemonized with setsid (double fork) is 
 
 TEST_CASE(
     "elect: with cgroup v2 writable, the command runs in a cgroup of its own; a setsid double-forked daemon is "
-    "killed through cgroup.kill when the lease is lost, and the cgroup is removed") {
+    "killed through cgroup.kill when the lease is lost, and by the guardian while elect is stopped; the cgroup "
+    "is removed") {
   FG_REQUIRE_REDIS();
   std::string why;
   const std::string parent = fencegate::election::command_cgroup_parent(&why);
@@ -692,6 +693,29 @@ TEST_CASE(
   CHECK(after.find("killed the processes left in the command's cgroup (cgroup.kill)") != std::string::npos);
   CHECK(after.find("killed processes the command left outside its process group") == std::string::npos);
   CHECK_FALSE(file_exists(cgroup + "/cgroup.procs"));  // removed
+
+  // The gap the subreaper leaves: elect itself stopped (SIGSTOP) past its lease. Its guardian kills
+  // the command's cgroup at the lease's expiry, the daemon with it, while elect still sleeps.
+  const std::string pidfile2 = dir.file("daemon2.pid");
+  argv.back() = "setsid sh -c 'sleep 300 & echo $! > " + pidfile2 + ".tmp; mv " + pidfile2 + ".tmp " + pidfile2 +
+                "' & exec sleep 300";
+  Process elect2 = Process::start(argv, ProcessOptions{dir.file("elect2.log"), {}, {}});
+  INFO("elect2 log:\n", read_file(dir.file("elect2.log")));
+  REQUIRE(eventually([&] { return file_exists(pidfile2); }, 15s));
+  const pid_t daemon2 = static_cast<pid_t>(std::stol(read_file(pidfile2)));
+  REQUIRE(pid_alive(daemon2));
+  elect2.kill(SIGSTOP);
+  const auto stopped_at = Clock::now();
+  // TTL 2 s: the lease's earliest expiry is at most 2 s after the last renewal.
+  CHECK(eventually([&] { return !pid_alive(daemon2); }, 6s));
+  MESSAGE("the daemon died ", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at).count(),
+          " ms after elect was stopped");
+  CHECK(elect2.running());  // still stopped: the guardian did it
+  elect2.kill(SIGCONT);
+  auto st2 = elect2.wait_for(15s);
+  REQUIRE(st2.has_value());
+  CHECK(st2->code == 75);
+  CHECK_FALSE(file_exists(parent + "/fencegate-elect-" + std::to_string(elect2.pid()) + "/cgroup.procs"));
 }
 
 TEST_CASE(
