@@ -587,6 +587,7 @@ std::string Authority::id() const {
   for (std::size_t i = 0; i < etcd.size(); ++i) s += (i ? "," : "") + etcd[i];
   if (!coordinator.empty()) s += " coordinator=" + coordinator;  // issue 31
   if (!auth_file.empty()) s += " auth_file=" + quote(auth_file);
+  if (poll.count() > 0) s += " poll_ms=" + std::to_string(poll.count());  // issue 31
   s += " election=" + quote(election) + " grace_ms=" + std::to_string(grace.count());
   return s;
 }

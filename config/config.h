@@ -43,6 +43,9 @@ struct Authority {
   // issue 31: a file holding the coordinator's secret (zk: user:password for digest auth; redis:
   // password or user:password), owner-only mode; only with a zk:// or redis:// coordinator.
   std::string auth_file;
+  // issue 31: "poll_ms" (redis:// only): the interval of the safety-net snapshot while Redis keyspace
+  // notifications carry the view; 0 = window/3. Without notifications the poll stays window/3.
+  std::chrono::milliseconds poll{0};
 
   // Canonical text naming this authority (equal iff the settings are equal).
   std::string id() const;

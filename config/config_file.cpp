@@ -135,6 +135,10 @@ Authority parse_authority(const json& j, const std::string& path, std::vector<st
       get_string(v, fp, a.coordinator, errors);
     } else if (key == "auth_file") {  // issue 31
       get_string(v, fp, a.auth_file, errors);
+    } else if (key == "poll_ms") {  // issue 31: Redis's safety-net poll while notifications carry the view
+      if (v.is_number_integer() && v.get<std::int64_t>() >= 50 && v.get<std::int64_t>() <= 600000)
+        a.poll = std::chrono::milliseconds(v.get<std::int64_t>());
+      else errors.push_back(fp + ": must be an integer from 50 to 600000 (got " + got(v) + ")");
     } else if (key == "election") {
       has_election = true;
       get_string(v, fp, a.election, errors);

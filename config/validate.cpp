@@ -19,6 +19,14 @@ using json = nlohmann::json;
 
 namespace {
 
+// issue 31: the hiredis the election client is built with (its version macros only).
+#if __has_include(<hiredis/hiredis.h>)
+#include <hiredis/hiredis.h>
+const std::string kHiredisVersion = std::to_string(HIREDIS_MAJOR) + "." + std::to_string(HIREDIS_MINOR);
+#else
+const std::string kHiredisVersion = "none";
+#endif
+
 // issue 31: "coordinator": etcd://h:p[,h:p] becomes the etcd list; zk://h:p[,h:p][/chroot] and
 // redis://h:p[/db] stay as given (election_client/backend.h parses them again at start).
 bool check_coordinator(Authority& a, const std::string& path, std::vector<std::string>& errors) {
@@ -41,6 +49,10 @@ bool check_coordinator(Authority& a, const std::string& path, std::vector<std::s
     hosts.push_back(rest.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
     if (comma == std::string::npos) break;
     at = comma + 1;
+  }
+  if (scheme == "rediss") {  // issue 31: hiredis 0.14 (Debian bookworm) has no TLS
+    errors.push_back(fp + ": rediss:// needs hiredis with TLS (1.0+); this build has " + kHiredisVersion);
+    return false;
   }
   bool ok = scheme == "etcd" || scheme == "zk" || scheme == "redis";
   for (const auto& h : hosts) {
@@ -69,6 +81,8 @@ bool check_coordinator(Authority& a, const std::string& path, std::vector<std::s
       errors.push_back(path + ".auth_file: " + a.auth_file + " must hold user:password (ZooKeeper digest auth)");
     }
   }
+  if (a.poll.count() > 0 && scheme == "zk")  // issue 31
+    errors.push_back(path + ".poll_ms: only for a redis:// coordinator");
   if (scheme == "etcd") {
     for (const auto& h : hosts) a.etcd.push_back("http://" + h);
     a.coordinator.clear();
@@ -88,6 +102,8 @@ void check_authority(Authority& a, const std::string& path, std::vector<std::str
   if (!a.coordinator.empty() && !check_coordinator(a, path, errors)) return;
   if (a.coordinator.empty() && !a.auth_file.empty())
     errors.push_back(path + ".auth_file: only for a zk:// or redis:// coordinator");
+  if (a.coordinator.empty() && a.poll.count() > 0)  // issue 31
+    errors.push_back(path + ".poll_ms: only for a redis:// coordinator");
   if (a.etcd.empty() && a.coordinator.empty()) errors.push_back(path + ".etcd: must list at least one etcd URL");
   std::vector<std::string> norm;
   for (std::size_t i = 0; i < a.etcd.size(); ++i) {

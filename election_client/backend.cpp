@@ -1,6 +1,8 @@
 // Coordinator URLs and the choice of backend (see backend.h).
 #include "election_client/backend.h"
 
+#include <hiredis/hiredis.h>
+
 #include <cctype>
 #include <string_view>
 
@@ -61,6 +63,13 @@ bool host_list(std::string_view list, int default_port, std::vector<std::string>
 
 }  // namespace
 
+std::string rediss_refusal() {
+  // TLS came to hiredis in 1.0 (hiredis_ssl); Debian bookworm ships 0.14, which has none. Refused
+  // rather than sent in clear text to a server that expects TLS.
+  return "rediss:// needs hiredis with TLS (1.0+); this build has " + std::to_string(HIREDIS_MAJOR) + "." +
+         std::to_string(HIREDIS_MINOR);
+}
+
 const char* kind_name(Coordinator::Kind k) {
   switch (k) {
     case Coordinator::Kind::etcd: return "etcd";
@@ -106,6 +115,9 @@ bool parse_coordinator(const std::string& url, Coordinator* out, std::string* wh
         return false;
       }
     }
+  } else if (scheme == "rediss") {
+    *why = rediss_refusal();
+    return false;
   } else if (scheme == "redis") {
     c.kind = Coordinator::Kind::redis;
     const auto slash = rest.find('/');

@@ -48,6 +48,9 @@ struct Coordinator {
 
 const char* kind_name(Coordinator::Kind k);
 
+// Why a rediss:// coordinator is refused: this build's hiredis has no TLS.
+std::string rediss_refusal();
+
 // Parses a coordinator URL. Returns true with *out set, or false with *why (no leading field name).
 bool parse_coordinator(const std::string& url, Coordinator* out, std::string* why);
 
@@ -117,9 +120,31 @@ class Observer {
   virtual Status snapshot(const std::string& election, std::chrono::milliseconds timeout, ElectionSnapshot* out) = 0;
 };
 
+// Change notices pushed by the coordinator for one election (issue 31: Redis keyspace
+// notifications), for an observer that otherwise polls: each notice means "take a snapshot now".
+// A ping's answer arrives in order after every notice the coordinator sent before it processed
+// the ping, so a pong with no notice left unsnapshotted proves the observer's view was current
+// when the ping was sent. Thread-safety: one caller at a time.
+class ChangeFeed {
+ public:
+  enum class Event { timeout, changed, pong, broken };
+  virtual ~ChangeFeed() = default;
+  // Sends a ping; its answer is a later Event::pong. False if the connection broke.
+  virtual bool ping() = 0;
+  // Waits up to `timeout` for the next notice or pong.
+  virtual Event wait(std::chrono::milliseconds timeout) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
+  // A feed of change notices for `election`; null with *why if the backend has none or the
+  // coordinator does not send them (Redis: notify-keyspace-events off; never changed here).
+  virtual std::unique_ptr<ChangeFeed> changes(const std::string& election, std::string* why) {
+    (void)election;
+    *why = "this coordinator pushes no change notices";
+    return nullptr;
+  }
   // A connection for snapshots of elections (observe the leader and everyone in line).
   virtual std::unique_ptr<Observer> observer() = 0;
   // Opens a lease/session for one term (blocking, bounded) and starts keeping it alive.

@@ -56,15 +56,24 @@ std::vector<std::string> child_env(const ElectOptions& f, std::int64_t token) {
 
 // Kills what the command (or catch-up) left running outside its process group: with elect a
 // child subreaper, those processes are elect's descendants (guardian.h).
-void stop_leftovers() {
+void stop_leftovers(const std::string& cgroup) {
+  // The command's own cgroup first (issue 31): every process it started, wherever it went.
+  if (!cgroup.empty()) {
+    const int n = kill_command_cgroup(cgroup, 2000ms);
+    if (n > 0)
+      log::warn("killed the processes left in the command's cgroup (cgroup.kill)",
+                {log::kv("count", n), log::kv("cgroup", cgroup)});
+    else if (n < 0) log::error("could not empty the command's cgroup", {log::kv("cgroup", cgroup)});
+  }
+  // The subreaper's sweep: the fallback, and a safety net behind the cgroup.
   if (int n = kill_descendants(2000ms))
     log::warn("killed processes the command left outside its process group", {log::kv("count", n)});
 }
 
 class Elect {
  public:
-  Elect(ElectOptions f, std::unique_ptr<Backend> backend, ElectMetrics& metrics)
-      : f_(std::move(f)), backend_(std::move(backend)), metrics_(metrics) {}
+  Elect(ElectOptions f, std::unique_ptr<Backend> backend, ElectMetrics& metrics, std::string cgroup_parent)
+      : f_(std::move(f)), backend_(std::move(backend)), metrics_(metrics), cgroup_parent_(std::move(cgroup_parent)) {}
 
   int run();
 
@@ -85,18 +94,34 @@ class Elect {
   // failure (logged), or the stop signal that interrupted it.
   int catch_up(std::int64_t token, Candidacy& term);
 
+  // A cgroup of its own for the next command or catch-up (issue 31): "" when cgroup v2 is not
+  // writable here, or this one cannot be made (logged; the subreaper remains).
+  std::string command_cgroup() const {
+    if (cgroup_parent_.empty()) return {};
+    std::string dir = cgroup_parent_ + "/fencegate-elect-" + std::to_string(getpid());
+    if (std::string e = make_command_cgroup(dir); !e.empty()) {
+      log::warn("cannot make the command's cgroup; the subreaper alone stops what it leaves", {log::kv("error", e)});
+      return {};
+    }
+    return dir;
+  }
+
   // Constant after construction
   ElectOptions f_;  // fence_token changes when its file is re-read (each term)
   std::unique_ptr<Backend> backend_;
   ElectMetrics& metrics_;
+  const std::string cgroup_parent_;
 };
 
 int Elect::catch_up(std::int64_t token, Candidacy& term) {
   Guardian guardian;
+  std::string cgroup = command_cgroup();
   const pid_t pid =
-      spawn({"/bin/sh", "-c", f_.catch_up}, child_env(f_, token), term.deadline() + term.margin(), &guardian);
+      spawn({"/bin/sh", "-c", f_.catch_up}, child_env(f_, token), term.deadline() + term.margin(), &guardian, &cgroup);
   if (pid < 0) {
-    log::error("could not start the catch-up command", {log::kv("error", std::strerror(errno))});
+    const int e = errno;
+    stop_leftovers(cgroup);
+    log::error("could not start the catch-up command", {log::kv("error", std::strerror(e))});
     return -1;
   }
   log::info("catch-up started", {log::kv("pid", pid), log::kv("token", token)});
@@ -126,7 +151,7 @@ int Elect::catch_up(std::int64_t token, Candidacy& term) {
     break;
   }
   release_guardian(guardian);
-  stop_leftovers();
+  stop_leftovers(cgroup);
   if (result == 0) log::info("catch-up done", {log::kv("token", token)});
   else log::error("catch-up failed: resigning", {log::kv("token", token), log::kv("why", why)});
   return result;
@@ -395,10 +420,16 @@ int Elect::run() {
       continue;
     }
     Guardian guardian;
-    pid_t pid = spawn(f_.command, child_env(f_, token), term->deadline() + term->margin(), &guardian);
+    std::string cgroup = command_cgroup();
+    const bool wanted_cgroup = !cgroup.empty();
+    pid_t pid = spawn(f_.command, child_env(f_, token), term->deadline() + term->margin(), &guardian, &cgroup);
+    if (wanted_cgroup && cgroup.empty() && pid >= 0)
+      log::warn("could not move the command into its cgroup; the subreaper alone stops what it leaves");
     if (pid < 0) {
+      const int e = errno;  // before the cleanup's own calls
+      stop_leftovers(cgroup);
       log::error("could not start the command",
-                 {log::kv("command", f_.command.front()), log::kv("error", std::strerror(errno))});
+                 {log::kv("command", f_.command.front()), log::kv("error", std::strerror(e))});
       term->give_up(true);
       return kExitUnavailable;
     }
@@ -425,7 +456,7 @@ int Elect::run() {
     const int wstatus = ended.wstatus;
     const bool lost = ended.lost;
     release_guardian(guardian);  // the command is reaped and its group killed
-    stop_leftovers();            // and what left the group (setsid, a daemon): elect is their subreaper
+    stop_leftovers(cgroup);      // and what left the group (setsid, a daemon): elect is their subreaper
 
     // --- 5. Resign and revoke.
     if (lost) {
@@ -480,8 +511,18 @@ int run_elect(ElectOptions options) {
     return kExitUsage;
   }
   install_elect_signals();  // before the status server's thread: every thread blocks elect's signals
-  if (!become_subreaper())
+  const bool subreaper = become_subreaper();
+  if (!subreaper)
     log::warn("could not become a child subreaper: processes that leave the command's process group survive it");
+  // How the command's processes are stopped, said once (issue 31).
+  std::string no_cgroup;
+  std::string cgroup_parent = command_cgroup_parent(&no_cgroup);
+  if (!cgroup_parent.empty())
+    log::info("stopping the command's processes: cgroup v2 (a cgroup per command, cgroup.kill)",
+              {log::kv("cgroup", cgroup_parent + "/fencegate-elect-" + std::to_string(getpid()))});
+  else
+    log::info("stopping the command's processes: child subreaper (cgroup v2 not used)",
+              {log::kv("why", no_cgroup), log::kv("subreaper", subreaper)});
   ElectMetrics metrics;
   StatusServer status(metrics);
   if (!options.status_listen.empty()) {
@@ -492,7 +533,7 @@ int run_elect(ElectOptions options) {
     log::info("status: serving /readyz and /metrics",
               {log::kv("listen", options.status_listen), log::kv("port", status.port())});
   }
-  return Elect(std::move(options), std::move(backend), metrics).run();
+  return Elect(std::move(options), std::move(backend), metrics, std::move(cgroup_parent)).run();
 }
 
 }  // namespace fencegate::election

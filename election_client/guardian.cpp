@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/timerfd.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -58,8 +59,21 @@ std::int64_t boot_ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
-Guardian start_guardian(pid_t group, Clock::time_point expiry) {
+// Writes `text` to `path` (async-signal-safe). Returns true iff all of it was written.
+bool write_text(const char* path, const char* text, std::size_t len) {
+  const int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  ssize_t n;
+  do n = write(fd, text, len);
+  while (n < 0 && errno == EINTR);
+  close(fd);
+  return n == static_cast<ssize_t>(len);
+}
+
+Guardian start_guardian(pid_t group, Clock::time_point expiry, const std::string& cgroup) {
   Guardian g;
+  // The cgroup's kill file, built before fork() (the guardian only makes async-signal-safe calls).
+  const std::string kill_file = cgroup.empty() ? std::string() : cgroup + "/cgroup.kill";
   int life[2];
   if (pipe2(life, O_CLOEXEC) != 0) return g;
   const std::int64_t first = boot_ns(expiry);
@@ -111,6 +125,7 @@ Guardian start_guardian(pid_t group, Clock::time_point expiry) {
       expiry_ns = msg;
     }
     kill(-group, SIGKILL);
+    if (!kill_file.empty()) write_text(kill_file.c_str(), "1", 1);  // what left the group, too
     _exit(0);
   }
   close(life[0]);
@@ -228,6 +243,108 @@ int kill_descendants(std::chrono::milliseconds within) {
   }
 }
 
+std::string command_cgroup_parent(std::string* why) {
+  if (const char* off = std::getenv("FENCEGATE_ELECT_CGROUP"); off && std::strcmp(off, "0") == 0) {
+    *why = "FENCEGATE_ELECT_CGROUP=0";
+    return {};
+  }
+  // Our own cgroup v2: the "0::<path>" line (the only line on a pure v2 host).
+  std::string own;
+  if (FILE* f = std::fopen("/proc/self/cgroup", "re")) {
+    char line[4096];
+    while (std::fgets(line, sizeof line, f))
+      if (std::strncmp(line, "0::", 3) == 0) {
+        own = line + 3;
+        while (!own.empty() && (own.back() == '\n' || own.back() == '\r')) own.pop_back();
+      }
+    std::fclose(f);
+  }
+  if (own.empty() || own.find("(deleted)") != std::string::npos) {
+    *why = "no cgroup v2 entry in /proc/self/cgroup";
+    return {};
+  }
+  // The cgroup2 mount: /sys/fs/cgroup on a unified host, /sys/fs/cgroup/unified on a hybrid one.
+  // A mountinfo line: id parent major:minor root mountpoint options... - fstype source options.
+  std::string mount;
+  if (FILE* f = std::fopen("/proc/self/mountinfo", "re")) {
+    char line[8192];
+    while (std::fgets(line, sizeof line, f)) {
+      const char* dash = std::strstr(line, " - cgroup2 ");
+      if (!dash) continue;
+      char root[4096], point[4096];
+      if (std::sscanf(line, "%*s %*s %*s %4095s %4095s", root, point) != 2) continue;
+      if (std::strcmp(root, "/") != 0) continue;  // a mount of a subtree (a container's view) is not ours to map
+      mount = point;
+      break;
+    }
+    std::fclose(f);
+  }
+  if (mount.empty()) {
+    *why = "no cgroup2 file system mounted";
+    return {};
+  }
+  std::string dir = mount + (own == "/" ? std::string() : own);
+  if (access((dir + "/cgroup.procs").c_str(), W_OK) != 0) {
+    *why = dir + " is not writable";
+    return {};
+  }
+  // Probe: make a cgroup there and remove it again (a read-only mount, no delegation).
+  const std::string probe = dir + "/fencegate-elect-probe-" + std::to_string(getpid());
+  if (mkdir(probe.c_str(), 0755) != 0) {
+    *why = "cannot create a cgroup in " + dir + ": " + std::strerror(errno);
+    return {};
+  }
+  const bool has_kill = access((probe + "/cgroup.kill").c_str(), W_OK) == 0;
+  rmdir(probe.c_str());
+  (void)has_kill;  // without cgroup.kill (kernel < 5.14) each pid of cgroup.procs is killed
+  return dir;
+}
+
+std::string make_command_cgroup(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0755) == 0) return {};
+  if (errno != EEXIST) return "cannot create " + dir + ": " + std::strerror(errno);
+  if (kill_command_cgroup(dir, std::chrono::milliseconds(2000)) < 0) return dir + " exists and cannot be emptied";
+  if (mkdir(dir.c_str(), 0755) != 0) return "cannot create " + dir + ": " + std::strerror(errno);
+  return {};
+}
+
+namespace {
+
+std::vector<pid_t> cgroup_pids(const std::string& dir) {
+  std::vector<pid_t> out;
+  if (FILE* f = std::fopen((dir + "/cgroup.procs").c_str(), "re")) {
+    int p;
+    while (std::fscanf(f, "%d", &p) == 1) out.push_back(static_cast<pid_t>(p));
+    std::fclose(f);
+  }
+  return out;
+}
+
+}  // namespace
+
+int kill_command_cgroup(const std::string& dir, std::chrono::milliseconds within) {
+  const auto until = std::chrono::steady_clock::now() + within;
+  const std::vector<pid_t> first = cgroup_pids(dir);
+  const std::string kill_file = dir + "/cgroup.kill";
+  const bool can_kill = access(kill_file.c_str(), W_OK) == 0;
+  for (;;) {
+    std::vector<pid_t> left = cgroup_pids(dir);
+    if (!left.empty()) {
+      if (!can_kill || !write_text(kill_file.c_str(), "1", 1))
+        for (pid_t p : left) kill(p, SIGKILL);
+    }
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {  // orphans we are the subreaper of
+    }
+    if (left.empty() && rmdir(dir.c_str()) == 0) return static_cast<int>(first.size());
+    if (left.empty() && errno == ENOENT) return static_cast<int>(first.size());
+    if (std::chrono::steady_clock::now() >= until) return -1;
+    struct timespec ts {
+      0, 10 * 1000 * 1000
+    };
+    nanosleep(&ts, nullptr);
+  }
+}
+
 void release_guardian(Guardian& g) {
   if (g.fd >= 0) {
     [[maybe_unused]] auto n = write(g.fd, &kGuardianDone, sizeof kGuardianDone);
@@ -247,7 +364,7 @@ void release_guardian(Guardian& g) {
 // command can fork anything, so a SIGKILL of elect at any moment leaves no child of the command
 // running. If elect dies before the byte, the child reads EOF and exits without exec.
 pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env, Clock::time_point expiry,
-            Guardian* guardian) {
+            Guardian* guardian, std::string* cgroup) {
   // Everything the child needs is built before fork(): after it, only async-signal-safe calls.
   std::vector<char*> argv;
   argv.reserve(command.size() + 1);
@@ -307,7 +424,16 @@ pid_t spawn(const std::vector<std::string>& command, const std::vector<std::stri
   setpgid(pid, pid);  // also in the parent: no race with the signals we may send at once
   close(report[1]);
   close(go[0]);
-  *guardian = start_guardian(pid, expiry);
+  // Into its own cgroup before it may exec (it waits for the go byte): everything it starts is
+  // born there.
+  if (cgroup && !cgroup->empty()) {
+    const std::string p = std::to_string(pid);
+    if (!write_text((*cgroup + "/cgroup.procs").c_str(), p.c_str(), p.size())) {
+      rmdir(cgroup->c_str());  // unused: the command runs without (the subreaper remains)
+      cgroup->clear();
+    }
+  }
+  *guardian = start_guardian(pid, expiry, cgroup ? *cgroup : std::string());
   { [[maybe_unused]] auto w = write(go[1], "g", 1); }
   close(go[1]);
   int child_errno = 0;

@@ -48,13 +48,37 @@ struct Guardian {
   std::int64_t sent = 0;  // the last expiry sent
 };
 
+// cgroup v2 per command (issue 31): where the cgroup v2 hierarchy is writable, the command (and
+// the catch-up) runs in a cgroup of its own, <mount>/<elect's own cgroup>/fencegate-elect-<pid>,
+// so that every process it starts -- in its process group or not (setsid, a double fork), even
+// one that outlives elect -- is killed with `cgroup.kill` (or each pid of cgroup.procs where the
+// kernel has no cgroup.kill, before 5.14). The guardian kills the cgroup too, so this holds while
+// elect is stopped and after elect is SIGKILLed. Elsewhere, the child subreaper below.
+//
+// The directory commands' cgroups are made in: elect's own cgroup v2 (from /proc/self/cgroup,
+// "0::<path>", under the cgroup2 mount in /proc/self/mountinfo), if this process may create a
+// cgroup there and move a process into it. "" with *why otherwise (no cgroup v2, read-only,
+// not delegated). FENCEGATE_ELECT_CGROUP=0 turns it off (the subreaper alone).
+std::string command_cgroup_parent(std::string* why);
+
+// Creates (or empties and reuses) the cgroup `dir`. Returns "" or the reason.
+std::string make_command_cgroup(const std::string& dir);
+
+// Kills every process in the cgroup `dir` (cgroup.kill, else SIGKILL to each pid in cgroup.procs),
+// reaps those that are this process's children, waits until it is empty (at most `within`) and
+// removes it. Returns how many processes it found there; -1 if it could not be emptied.
+int kill_command_cgroup(const std::string& dir, std::chrono::milliseconds within);
+
 // Starts the command in its own process group with `env`, and its guardian (`*guardian`; pid -1
 // if it could not be started). Returns the command's pid, or -1 (errno set; no guardian then).
 // The child waits for a byte on the `go` pipe before it execs: the guardian exists before the
 // command can fork anything, so a SIGKILL of elect at any moment leaves no child of the command
 // running. If elect dies before the byte, the child reads EOF and exits without exec.
+// `cgroup`: a cgroup made by make_command_cgroup() for the command ("" for none): the command is
+// moved into it before it may exec, and the guardian kills it with the process group. If the move
+// fails, *cgroup is cleared (the command runs without; the subreaper remains).
 pid_t spawn(const std::vector<std::string>& command, const std::vector<std::string>& env,
-            GuardianClock::time_point expiry, Guardian* guardian);
+            GuardianClock::time_point expiry, Guardian* guardian, std::string* cgroup = nullptr);
 
 // Sets the moment the guardian kills the command's group, earlier or later than before. The
 // write end is non-blocking: a guardian that does not read (stopped) never holds elect up; the

@@ -24,6 +24,7 @@
 // Thread-safety: each thread that talks to Redis uses its own connection (hiredis contexts are
 // not thread-safe): the campaign (helper thread), the renewer thread, the owner thread.
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <sys/time.h>
 
 #include <algorithm>
@@ -92,6 +93,15 @@ class RedisConn {
  public:
   RedisConn(const Coordinator& c, milliseconds timeout) : c_(c), timeout_(timeout) {}
   ~RedisConn() { close(); }
+
+  // The connection (connected, authenticated, the db selected): for a subscriber that drives the
+  // context itself. Null with *why.
+  redisContext* open(std::string* why) {
+    if (!ctx_ && !connect(why)) return nullptr;
+    return ctx_;
+  }
+  void drop() { close(); }
+  int db() const { return c_.db; }
 
   // Runs one command; null with *why on a connection or server error.
   Reply command(const std::vector<std::string>& args, std::string* why) {
@@ -306,6 +316,98 @@ class RedisObserver final : public Observer {
   RedisConn conn_;
 };
 
+// issue 31: keyspace notifications of the lock and the counter, on a connection of their own
+// (a subscribed connection takes no other commands). Only used when the server already sends
+// them (notify-keyspace-events with K and the generic, string and expired classes): fencegate
+// never changes the server's configuration.
+class RedisFeed final : public ChangeFeed {
+ public:
+  explicit RedisFeed(const Coordinator& c) : conn_(c, 1000ms) {}
+
+  std::string start(const std::string& election) {
+    std::string why;
+    Reply cfg = conn_.command({"CONFIG", "GET", "notify-keyspace-events"}, &why);
+    if (!cfg) return "CONFIG GET notify-keyspace-events: " + why;
+    std::string flags;
+    if (cfg->type == REDIS_REPLY_ARRAY && cfg->elements == 2 && cfg->element[1]->type == REDIS_REPLY_STRING)
+      flags.assign(cfg->element[1]->str, cfg->element[1]->len);
+    auto has = [&](char f) { return flags.find(f) != std::string::npos; };
+    // K: keyspace channels; g: DEL; $: SET, INCR; x: expired. A = all classes.
+    if (!has('K') || !(has('A') || (has('g') && has('$') && has('x'))))
+      return "notify-keyspace-events is \"" + flags + "\" (needs K with A, or with g$x)";
+    redisContext* ctx = conn_.open(&why);
+    if (!ctx) return why;
+    const std::string prefix = "__keyspace@" + std::to_string(conn_.db()) + "__:";
+    const std::string lock = prefix + lock_key(election), gen = prefix + generation_key(election);
+    const char* argv[] = {"SUBSCRIBE", lock.c_str(), gen.c_str()};
+    const std::size_t lens[] = {9, lock.size(), gen.size()};
+    if (redisAppendCommandArgv(ctx, 3, argv, lens) != REDIS_OK) return "SUBSCRIBE: out of memory";
+    for (int confirmed = 0; confirmed < 2;) {  // one confirmation per channel
+      void* r = nullptr;
+      if (redisGetReply(ctx, &r) != REDIS_OK || !r) {
+        why = ctx->errstr[0] ? ctx->errstr : "no reply";
+        conn_.drop();
+        return "SUBSCRIBE: " + why;
+      }
+      Reply rep(static_cast<redisReply*>(r));
+      if (rep->type == REDIS_REPLY_ERROR) return "SUBSCRIBE: " + std::string(rep->str, rep->len);
+      ++confirmed;
+    }
+    ctx_ = ctx;
+    // From here the socket is driven with poll(): no blocking read waits past wait()'s timeout.
+    timeval none{0, 0};
+    redisSetTimeout(ctx_, none);
+    return {};
+  }
+
+  bool ping() override {
+    if (!ctx_) return false;
+    if (redisAppendCommand(ctx_, "PING") != REDIS_OK) return broken();
+    int done = 0;
+    while (!done)
+      if (redisBufferWrite(ctx_, &done) != REDIS_OK) return broken();
+    return true;
+  }
+
+  Event wait(milliseconds timeout) override {
+    if (!ctx_) return Event::broken;
+    for (;;) {
+      void* r = nullptr;
+      if (redisReaderGetReply(ctx_->reader, &r) != REDIS_OK) return fail();
+      if (r) {
+        Reply rep(static_cast<redisReply*>(r));
+        // ["message", channel, event] or, for a PING while subscribed, ["pong", ""].
+        if (rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 && rep->element[0]->type == REDIS_REPLY_STRING) {
+          const std::string kind(rep->element[0]->str, rep->element[0]->len);
+          if (kind == "pong") return Event::pong;
+          if (kind == "message") return Event::changed;
+        }
+        continue;  // anything else (a late subscribe confirmation): not a change
+      }
+      pollfd p{ctx_->fd, POLLIN, 0};
+      const int n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+      if (n == 0) return Event::timeout;
+      if (n < 0) return errno == EINTR ? Event::timeout : fail();
+      if (redisBufferRead(ctx_) != REDIS_OK) return fail();
+      timeout = 0ms;  // what arrived is read; the next turn returns it or times out at once
+    }
+  }
+
+ private:
+  Event fail() {
+    broken();
+    return Event::broken;
+  }
+  bool broken() {
+    conn_.drop();
+    ctx_ = nullptr;
+    return false;
+  }
+
+  RedisConn conn_;
+  redisContext* ctx_ = nullptr;  // conn_'s, once subscribed
+};
+
 class RedisBackend final : public Backend {
  public:
   explicit RedisBackend(Coordinator c) : c_(std::move(c)) {}
@@ -320,6 +422,15 @@ class RedisBackend final : public Backend {
                                 log::kv("margin_ms", Renewer::margin_for(milliseconds(o.ttl_s * 1000)).count())});
     *out = std::make_unique<RedisCandidacy>(c_, o);
     return Status::OK();
+  }
+
+  std::unique_ptr<ChangeFeed> changes(const std::string& election, std::string* why) override {
+    auto feed = std::make_unique<RedisFeed>(c_);
+    if (std::string e = feed->start(election); !e.empty()) {
+      *why = e;
+      return nullptr;
+    }
+    return feed;
   }
 
   Status leader(const std::string& election, milliseconds timeout, LeaderInfo* out) override {

@@ -165,6 +165,7 @@ void Authority::start() {
     stopping_ = false;
   }
   thread_ = std::thread([this] { loop(); });
+  if (polled() && cfg_.coordinator.rfind("redis://", 0) == 0) feed_thread_ = std::thread([this] { feed_loop(); });
 }
 
 void Authority::stop() {
@@ -174,6 +175,7 @@ void Authority::stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (feed_thread_.joinable()) feed_thread_.join();
 }
 
 std::chrono::milliseconds Authority::window_locked() const {
@@ -382,6 +384,11 @@ void Authority::start_watch_locked_out(std::int64_t from) {
 // issue 31: the election as the coordinator shows it now; contact counts from the request's sending.
 bool Authority::resync_polled() {
   std::lock_guard ol(observer_mu_);  // one snapshot at a time, applied in the order taken
+  std::int64_t notices_before;       // every notice received so far is reflected by this snapshot
+  {
+    std::lock_guard lk(mu_);
+    notices_before = notices_;
+  }
   const auto sent = Clock::now();
   election::ElectionSnapshot snap;
   election::Status st = observer_->snapshot(cfg_.election, kRequestTimeout, &snap);
@@ -401,6 +408,7 @@ bool Authority::resync_polled() {
   {
     std::lock_guard lk(mu_);
     view_.resync(kvs, ++polls_);
+    notices_synced_ = std::max(notices_synced_, notices_before);
     if (!contacted_ || sent > last_contact_) last_contact_ = sent;
     contacted_ = true;
     after_change_locked();
@@ -422,7 +430,89 @@ void Authority::polled_loop() {
     note_reachability(cfg_.election, health(), was_available, "authority: coordinator reachable",
                       "authority: coordinator unreachable beyond the window; fenced writes get 503");
     std::unique_lock lk(mu_);
-    cv_.wait_for(lk, std::clamp(window_locked() / 3, kMinProbe, kMaxProbe), [&] { return stopping_; });
+    // While keyspace notifications carry the view (and its contact), the poll only backs them up.
+    const auto every = std::clamp(window_locked() / 3, kMinProbe, kMaxProbe);
+    const bool backup_only = feed_active_ && cfg_.poll > every;
+    cv_.wait_for(lk, backup_only ? cfg_.poll : every,
+                 [&] { return stopping_ || kick_ || (backup_only && !feed_active_); });
+    kick_ = false;
+  }
+}
+
+// issue 31: a Redis election's keyspace notifications, where the server sends them (never
+// switched on here). Reconnects after a break; the loop polls every window/3 meanwhile.
+void Authority::feed_loop() {
+  bool told_off = false;
+  auto pause = [&](std::chrono::milliseconds d) {
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, d, [&] { return stopping_; });
+    return !stopping_;
+  };
+  for (;;) {
+    {
+      std::lock_guard lk(mu_);
+      if (stopping_) return;
+    }
+    std::string why;
+    std::unique_ptr<election::ChangeFeed> feed = backend_->changes(cfg_.election, &why);
+    if (!feed) {
+      if (!told_off)
+        log::info("authority: no Redis keyspace notifications; polling the election",
+                  {log::kv("election", cfg_.election), log::kv("why", why)});
+      told_off = true;
+      if (!pause(5000ms)) return;
+      continue;
+    }
+    told_off = false;
+    log::info("authority: following Redis keyspace notifications of the election",
+              {log::kv("election", cfg_.election), log::kv("poll_ms", cfg_.poll.count())});
+    {
+      std::lock_guard lk(mu_);
+      feed_active_ = true;
+      ++notices_;  // what changed before the subscription: only a snapshot sent after it knows
+      kick_ = true;
+    }
+    cv_.notify_all();
+    Clock::time_point ping_sent{}, last_ping{};
+    bool ping_out = false;
+    for (;;) {
+      std::chrono::milliseconds every;
+      {
+        std::lock_guard lk(mu_);
+        if (stopping_) break;
+        every = std::clamp(window_locked() / 3, kMinProbe, kMaxProbe);
+      }
+      if (!ping_out && Clock::now() - last_ping >= every) {
+        ping_sent = last_ping = Clock::now();
+        if (!feed->ping()) break;
+        ping_out = true;
+      }
+      const auto ev = feed->wait(50ms);
+      if (ev == election::ChangeFeed::Event::broken) break;
+      if (ev == election::ChangeFeed::Event::changed) {
+        {
+          std::lock_guard lk(mu_);
+          ++notices_;
+          kick_ = true;
+        }
+        cv_.notify_all();
+      } else if (ev == election::ChangeFeed::Event::pong) {
+        ping_out = false;
+        // Every notice Redis sent before it answered the ping came before the pong: if a snapshot
+        // sent after the last of them is applied, the view was current when the ping was sent.
+        std::lock_guard lk(mu_);
+        if (contacted_ && notices_synced_ >= notices_ && ping_sent > last_contact_) last_contact_ = ping_sent;
+      }
+    }
+    {
+      std::lock_guard lk(mu_);
+      feed_active_ = false;
+      if (stopping_) return;
+    }
+    cv_.notify_all();
+    log::warn("authority: Redis keyspace notifications broke off; polling until they are back",
+              {log::kv("election", cfg_.election)});
+    if (!pause(250ms)) return;
   }
 }
 

@@ -187,6 +187,15 @@ class Authority {
   std::unique_ptr<election::Observer> observer_;  // Guarded by observer_mu_ (used by the loop and confirm())
   std::mutex observer_mu_;
   std::int64_t polls_ = 0;  // Guarded by mu_: the view's revision for polled snapshots
+  // issue 31: Redis keyspace notifications (election::ChangeFeed) on their own thread: a notice
+  // makes the loop take a snapshot at once; a pong that follows no unsnapshotted notice counts as
+  // contact from the moment its ping was sent (the poll then only backs it up, every poll_ms).
+  void feed_loop();
+  std::thread feed_thread_;
+  bool feed_active_ = false;          // Guarded by mu_
+  std::int64_t notices_ = 0;          // Guarded by mu_: notices received (and subscriptions made)
+  std::int64_t notices_synced_ = 0;   // Guarded by mu_: notices_ when the last applied snapshot was sent
+  bool kick_ = false;                 // Guarded by mu_: take a snapshot now
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

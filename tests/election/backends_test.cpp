@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "election_client/backend.h"
+#include "election_client/guardian.h"
 #include "tests/election/coord_harness.h"
 #include "tests/support/http_client.h"
 #include "tests/support/net_util.h"
@@ -64,10 +65,12 @@ struct FencedResource {
 // election `billing` at `coordinator` (issue 31: "authority": {"coordinator": URL, ...}).
 struct CoordinatorProxy {
   CoordinatorProxy(const TempDir& dir, const std::string& coordinator, const std::string& upstream,
-                   const std::string& auth_file = "", const std::string& name = "fencegate")
+                   const std::string& auth_file = "", const std::string& name = "fencegate",
+                   const json& more = json::object())
       : port(free_port()), admin_port(distinct_port({port})), dir_(dir), name_(name) {
     json authority = {{"coordinator", coordinator}, {"election", "billing"}};
     if (!auth_file.empty()) authority["auth_file"] = auth_file;
+    for (const auto& [k, v] : more.items()) authority[k] = v;
     json c = {{"listen", "127.0.0.1:" + std::to_string(port)},
               {"db", dir.file(name + ".db")},
               {"threads", 2},
@@ -208,6 +211,9 @@ TEST_CASE("coordinator URLs: etcd://, zk:// with chroot, redis:// with db; bad o
   CHECK_FALSE(parse_coordinator("zk://a:1//x", &c, &why));
   CHECK_FALSE(parse_coordinator("etcd://a:1/path", &c, &why));
   CHECK_FALSE(parse_coordinator("127.0.0.1:2181", &c, &why));
+  // hiredis 0.14 has no TLS: rediss:// is refused, never spoken in clear text.
+  CHECK_FALSE(parse_coordinator("rediss://127.0.0.1:6380", &c, &why));
+  CHECK(why.find("rediss:// needs hiredis with TLS (1.0+); this build has 0.14") != std::string::npos);
 }
 
 TEST_CASE("elect/leader --coordinator: bad URLs, --etcd with --coordinator, and auth files are refused with exit 2") {
@@ -220,6 +226,9 @@ TEST_CASE("elect/leader --coordinator: bad URLs, --etcd with --coordinator, and 
   auto r = run({"elect", "--coordinator", "mysql://x:1", "--election", "e", "--", "true"});
   CHECK(r.code() == 2);
   CHECK(r.err.find("--coordinator: unknown scheme") != std::string::npos);
+  r = run({"leader", "--coordinator", "rediss://127.0.0.1:6380", "--election", "e"});
+  CHECK(r.code() == 2);
+  CHECK_MESSAGE(r.err.find("--coordinator: rediss:// needs hiredis with TLS (1.0+)") != std::string::npos, r.err);
   r = run(
       {"elect", "--coordinator", "zk://127.0.0.1:1", "--etcd", "http://127.0.0.1:2", "--election", "e", "--", "true"});
   CHECK(r.code() == 2);
@@ -459,6 +468,14 @@ TEST_CASE(
   for (const auto& [authority, msg] :
        {std::pair<json, std::string>{json{{"coordinator", "mysql://db:3306"}, {"election", "e"}},
                                      "routes[0].authority.coordinator: must be etcd://host:port"},
+        std::pair<json, std::string>{json{{"coordinator", "rediss://a:6380"}, {"election", "e"}},
+                                     "routes[0].authority.coordinator: rediss:// needs hiredis with TLS (1.0+)"},
+        std::pair<json, std::string>{json{{"coordinator", "zk://a:1"}, {"poll_ms", 5000}, {"election", "e"}},
+                                     "routes[0].authority.poll_ms: only for a redis:// coordinator"},
+        std::pair<json, std::string>{json{{"etcd", {"http://a:2379"}}, {"poll_ms", 5000}, {"election", "e"}},
+                                     "routes[0].authority.poll_ms: only for a redis:// coordinator"},
+        std::pair<json, std::string>{json{{"coordinator", "redis://a:1"}, {"poll_ms", 10}, {"election", "e"}},
+                                     "routes[0].authority.poll_ms: must be an integer from 50 to 600000"},
         std::pair<json, std::string>{json{{"coordinator", "redis://a:1,b:2"}, {"election", "e"}},
                                      "routes[0].authority.coordinator: must be"},
         std::pair<json, std::string>{json{{"coordinator", "zk://a:1"}, {"etcd", {"http://a:2379"}}, {"election", "e"}},
@@ -592,9 +609,12 @@ TEST_CASE("elect: a process the command daemonized with setsid (double fork) is 
                                 "-c",
                                 "setsid sh -c 'sleep 300 & echo $! > " + pidfile + ".tmp; mv " + pidfile + ".tmp " +
                                     pidfile + "' & exec sleep 300"};
-  Process elect = Process::start(argv, ProcessOptions{dir.file("elect.log"), {}, {}});
+  // The fallback: no cgroup (cgroup_test below covers the cgroup v2 path).
+  Process elect = Process::start(argv, ProcessOptions{dir.file("elect.log"), {}, {"FENCEGATE_ELECT_CGROUP=0"}});
   INFO("elect log:\n", read_file(dir.file("elect.log")));
   REQUIRE(eventually([&] { return file_exists(pidfile); }, 15s));
+  CHECK(read_file(dir.file("elect.log")).find("stopping the command's processes: child subreaper") !=
+        std::string::npos);
   const pid_t daemon = static_cast<pid_t>(std::stol(read_file(pidfile)));
   REQUIRE(pid_alive(daemon));
   CHECK(::getsid(daemon) != ::getsid(elect.pid()));  // it left the command's session and group
@@ -609,6 +629,93 @@ TEST_CASE("elect: a process the command daemonized with setsid (double fork) is 
   CHECK(eventually([&] { return !pid_alive(daemon); }, 3s));
   CHECK(read_file(dir.file("elect.log")).find("killed processes the command left outside its process group") !=
         std::string::npos);
+}
+
+TEST_CASE(
+    "elect: with cgroup v2 writable, the command runs in a cgroup of its own; a setsid double-forked daemon is "
+    "killed through cgroup.kill when the lease is lost, and by the guardian while elect is stopped; the cgroup "
+    "is removed") {
+  FG_REQUIRE_REDIS();
+  std::string why;
+  const std::string parent = fencegate::election::command_cgroup_parent(&why);
+  if (parent.empty()) {
+    MESSAGE("SKIPPED: cgroup v2 is not writable here (", why, "); the subreaper test covers the fallback");
+    return;
+  }
+  if (::access("/usr/bin/redis-cli", X_OK) != 0) {
+    MESSAGE("SKIPPED: redis-cli is not installed");
+    return;
+  }
+  RedisServer redis;
+  FG_START_REDIS(redis);
+  TempDir dir("fencegate-cgroup");
+  const std::string pidfile = dir.file("daemon.pid");
+  std::vector<std::string> argv{kFencegate,
+                                "elect",
+                                "--coordinator",
+                                redis.url(),
+                                "--election",
+                                "jobs",
+                                "--ttl",
+                                "2",
+                                "--grace-ms",
+                                "500",
+                                "--",
+                                "sh",
+                                "-c",
+                                "setsid sh -c 'sleep 300 & echo $! > " + pidfile + ".tmp; mv " + pidfile + ".tmp " +
+                                    pidfile + "' & exec sleep 300"};
+  Process elect = Process::start(argv, ProcessOptions{dir.file("elect.log"), {}, {}});
+  INFO("elect log:\n", read_file(dir.file("elect.log")));
+  REQUIRE(eventually([&] { return file_exists(pidfile); }, 15s));
+  const pid_t daemon = static_cast<pid_t>(std::stol(read_file(pidfile)));
+  REQUIRE(pid_alive(daemon));
+  CHECK(::getsid(daemon) != ::getsid(elect.pid()));  // it left the command's session and group
+  const std::string cgroup = parent + "/fencegate-elect-" + std::to_string(elect.pid());
+  const std::string log_text = read_file(dir.file("elect.log"));
+  CHECK(log_text.find("stopping the command's processes: cgroup v2") != std::string::npos);
+  // The daemon was born in the command's cgroup: it is listed there, and its /proc cgroup says so.
+  const std::string procs = read_file(cgroup + "/cgroup.procs");
+  CHECK_MESSAGE(("\n" + procs).find("\n" + std::to_string(daemon) + "\n") != std::string::npos, procs);
+  CHECK(read_file("/proc/" + std::to_string(daemon) + "/cgroup")
+            .find("/fencegate-elect-" + std::to_string(elect.pid())) != std::string::npos);
+  // The lock is taken away: the lease is lost, the command stopped, exit 75; the daemon died with
+  // the cgroup (the subreaper's sweep found nothing left).
+  auto del =
+      run_command({"/usr/bin/redis-cli", "-p", std::to_string(redis.port()), "DEL", "fencegate:election:jobs:lock"},
+                  10s);
+  REQUIRE(del.code() == 0);
+  auto st = elect.wait_for(15s);
+  REQUIRE(st.has_value());
+  CHECK(st->code == 75);
+  CHECK(eventually([&] { return !pid_alive(daemon); }, 3s));
+  const std::string after = read_file(dir.file("elect.log"));
+  CHECK(after.find("killed the processes left in the command's cgroup (cgroup.kill)") != std::string::npos);
+  CHECK(after.find("killed processes the command left outside its process group") == std::string::npos);
+  CHECK_FALSE(file_exists(cgroup + "/cgroup.procs"));  // removed
+
+  // The gap the subreaper leaves: elect itself stopped (SIGSTOP) past its lease. Its guardian kills
+  // the command's cgroup at the lease's expiry, the daemon with it, while elect still sleeps.
+  const std::string pidfile2 = dir.file("daemon2.pid");
+  argv.back() = "setsid sh -c 'sleep 300 & echo $! > " + pidfile2 + ".tmp; mv " + pidfile2 + ".tmp " + pidfile2 +
+                "' & exec sleep 300";
+  Process elect2 = Process::start(argv, ProcessOptions{dir.file("elect2.log"), {}, {}});
+  INFO("elect2 log:\n", read_file(dir.file("elect2.log")));
+  REQUIRE(eventually([&] { return file_exists(pidfile2); }, 15s));
+  const pid_t daemon2 = static_cast<pid_t>(std::stol(read_file(pidfile2)));
+  REQUIRE(pid_alive(daemon2));
+  elect2.kill(SIGSTOP);
+  const auto stopped_at = Clock::now();
+  // TTL 2 s: the lease's earliest expiry is at most 2 s after the last renewal.
+  CHECK(eventually([&] { return !pid_alive(daemon2); }, 6s));
+  MESSAGE("the daemon died ", std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - stopped_at).count(),
+          " ms after elect was stopped");
+  CHECK(elect2.running());  // still stopped: the guardian did it
+  elect2.kill(SIGCONT);
+  auto st2 = elect2.wait_for(15s);
+  REQUIRE(st2.has_value());
+  CHECK(st2->code == 75);
+  CHECK_FALSE(file_exists(parent + "/fencegate-elect-" + std::to_string(elect2.pid()) + "/cgroup.procs"));
 }
 
 TEST_CASE(
@@ -722,4 +829,85 @@ TEST_CASE("elect/leader --coordinator etcd://: the same etcd election as --etcd 
   a.process->kill(SIGTERM);
   a.process->wait_for(10s);
   CHECK(leader_of(url, "e").code() == 3);
+}
+
+TEST_CASE(
+    "authority over Redis with keyspace notifications: a lost or taken lock is refused within moments, long "
+    "before the poll_ms poll; pongs keep it available; without notifications the poll stays bounded") {
+  FG_REQUIRE_REDIS();
+  if (::access("/usr/bin/redis-cli", X_OK) != 0) {
+    MESSAGE("SKIPPED: redis-cli is not installed");
+    return;
+  }
+  TempDir dir("fencegate-notify");
+  RecordingUpstream upstream;
+  auto cli = [](const RedisServer& r, std::vector<std::string> args) {
+    std::vector<std::string> argv{"/usr/bin/redis-cli", "-p", std::to_string(r.port())};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto res = run_command(argv, 10s);
+    REQUIRE_MESSAGE(res.code() == 0, res.err);
+    return res.out;
+  };
+  const std::string lock = "fencegate:election:billing:lock", gen = "fencegate:election:billing:generation";
+  const json slow_poll = {{"poll_ms", 5000}};  // the safety net: 5 s; the outage window is 1 s
+  auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+  };
+  // No 503 for `d`: contact keeps coming although the poll runs every 5 s.
+  auto always_available = [](const CoordinatorProxy& p, std::int64_t g, std::chrono::milliseconds d) {
+    int bad = 0, n = 0;
+    for (const auto until = Clock::now() + d; Clock::now() < until; ++n) {
+      if (p.write(g).code() != 200) ++bad;
+      std::this_thread::sleep_for(100ms);
+    }
+    MESSAGE(n, " writes, ", bad, " not 200");
+    return bad == 0;
+  };
+
+  RedisServer redis;
+  FG_START_REDIS(redis, {"--notify-keyspace-events", "KEA"});
+  cli(redis, {"SET", gen, "7"});
+  cli(redis, {"SET", lock, "7 n1 worker-a", "PX", "600000"});
+  CoordinatorProxy proxy(dir, redis.url(), upstream.url(), "", "notify", slow_poll);
+  INFO(proxy.log());
+  REQUIRE(proxy.start());
+  REQUIRE(eventually([&] { return proxy.write(7).code() == 200; }, 10s));
+  CHECK(read_file(dir.file("notify.log")).find("following Redis keyspace notifications") != std::string::npos);
+  CHECK(always_available(proxy, 7, 2500ms));
+  // The lock is lost (deleted): generation 7 is refused within moments.
+  auto t = Clock::now();
+  cli(redis, {"DEL", lock});
+  REQUIRE(eventually([&] { return proxy.write(7).code() == 409; }, 10s));
+  const auto lost_ms = ms_since(t);
+  // Taken by a new holder: its generation is fenced in, the old one stale.
+  t = Clock::now();
+  cli(redis, {"SET", gen, "8"});
+  cli(redis, {"SET", lock, "8 n2 worker-b", "PX", "600000"});
+  REQUIRE(eventually([&] { return proxy.generation() == 8; }, 10s));
+  const auto taken_ms = ms_since(t);
+  CHECK(proxy.write(7).code() == 409);
+  CHECK(proxy.type(7) == "urn:fencegate:problem:stale-generation");
+  CHECK(proxy.write(8).code() == 200);
+  MESSAGE("notifications: lock loss refused after ", lost_ms, " ms, new holder fenced after ", taken_ms,
+          " ms (poll_ms 5000)");
+  CHECK(lost_ms < 1500);
+  CHECK(taken_ms < 1500);
+
+  // Without notifications (the server's default): the bounded poll, whatever poll_ms says.
+  RedisServer plain;
+  FG_START_REDIS(plain);
+  cli(plain, {"SET", gen, "3"});
+  cli(plain, {"SET", lock, "3 n3 worker-c", "PX", "600000"});
+  CoordinatorProxy polled(dir, plain.url(), upstream.url(), "", "polled", slow_poll);
+  INFO(polled.log());
+  REQUIRE(polled.start());
+  REQUIRE(eventually([&] { return polled.write(3).code() == 200; }, 10s));
+  CHECK(always_available(polled, 3, 2500ms));
+  CHECK(read_file(dir.file("polled.log")).find("no Redis keyspace notifications; polling the election") !=
+        std::string::npos);
+  t = Clock::now();
+  cli(plain, {"DEL", lock});
+  REQUIRE(eventually([&] { return polled.write(3).code() == 409; }, 10s));
+  MESSAGE("polling: lock loss refused after ", ms_since(t), " ms");
+  CHECK(ms_since(t) < 2000);
 }
