@@ -43,6 +43,9 @@ struct Authority {
   // issue 31: a file holding the coordinator's secret (zk: user:password for digest auth; redis:
   // password or user:password), owner-only mode; only with a zk:// or redis:// coordinator.
   std::string auth_file;
+  // Issue 27 (tls-ctl): etcd over https and etcd users: "cacert", "cert", "key" (PEM paths),
+  // "user" and "password_file" (owner-only mode; or FENCEGATE_ETCD_PASSWORD). Only for etcd.
+  std::string cacert, cert, key, user, password_file;
 
   // Canonical text naming this authority (equal iff the settings are equal).
   std::string id() const;
@@ -154,6 +157,9 @@ struct Config {
     std::chrono::milliseconds write_timeout{10000};   // one answer's write; over -> connection closed
     std::size_t max_connections = 64;                 // at the cap the longest-idle one is closed
     std::size_t max_connections_per_client = 8;       // per client address; more are closed at accept
+    // Issue 27 (tls-ctl): TLS on the admin listener, the same keys as the top-level `tls` (no sni);
+    // off while tls.cert is empty. The bearer token is still required as without TLS.
+    Tls tls;
   } admin;
 
   // Audit retention, pruned in the background (off the request path). 0 = unlimited. Limited by
