@@ -319,8 +319,7 @@ int run_elect(const std::vector<std::string>& args) {
   }
   f.command = parsed.rest;
   std::string why;
-  if (std::string e = coordinator_from_flags(cf, &f.coordinator); !e.empty())
-    errors.push_back(e);
+  if (std::string e = coordinator_from_flags(cf, &f.coordinator); !e.empty()) errors.push_back(e);
   if (std::string e = election_name_error(f.election); !e.empty()) errors.push_back(e);
   if (id_given && f.id.empty()) errors.push_back("--id: must not be empty (leave it out for hostname:pid)");
   if (f.id.size() > 256)  // the sidecars would refuse it as Fencing-Leader (max_leader_bytes) after winning

@@ -44,13 +44,12 @@ constexpr const char* kLeaderUsage =
     "\n"
     "Exit codes: 0 printed; 1 coordinator unreachable or error; 2 bad flags; 3 no leader.\n";
 
-constexpr std::array kLeaderFlags = {flags::Flag{"--etcd"},     flags::Flag{"--coordinator"},
-                                     flags::Flag{"--zk-auth"},  flags::Flag{"--redis-auth"},
-                                     flags::Flag{"--election"}, flags::Flag{"--timeout-ms"},
+constexpr std::array kLeaderFlags = {flags::Flag{"--etcd"}, flags::Flag{"--coordinator"}, flags::Flag{"--zk-auth"},
+                                     flags::Flag{"--redis-auth"}, flags::Flag{"--election"},
+                                     flags::Flag{"--timeout-ms"},
                                      // issue 27: etcd over TLS and etcd users
-                                     flags::Flag{"--cacert"},   flags::Flag{"--cert"},
-                                     flags::Flag{"--key"},      flags::Flag{"--user"},
-                                     flags::Flag{"--password-file"}, flags::Flag{"--password"}};
+                                     flags::Flag{"--cacert"}, flags::Flag{"--cert"}, flags::Flag{"--key"},
+                                     flags::Flag{"--user"}, flags::Flag{"--password-file"}, flags::Flag{"--password"}};
 
 }  // namespace
 

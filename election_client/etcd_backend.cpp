@@ -173,6 +173,8 @@ void EtcdCandidacy::give_up(bool leading) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_etcd_backend(const Coordinator& c) { return std::make_unique<EtcdBackend>(c.endpoints, c.etcd_security); }
+std::unique_ptr<Backend> make_etcd_backend(const Coordinator& c) {
+  return std::make_unique<EtcdBackend>(c.endpoints, c.etcd_security);
+}
 
 }  // namespace fencegate::election

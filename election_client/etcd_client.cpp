@@ -84,8 +84,9 @@ Status authenticate_on(HttpConnection& conn, const ClientOptions& o, std::string
   token->clear();
   if (o.security.user.empty()) return Status::OK();
   HttpResponse r;
-  const std::string body = json{{"name", o.security.user}, {"password", o.security.password}}.dump(
-      -1, ' ', false, json::error_handler_t::replace);
+  const std::string body =
+      json{{"name", o.security.user}, {"password", o.security.password}}.dump(-1, ' ', false,
+                                                                              json::error_handler_t::replace);
   Status st = conn.post("/v3/auth/authenticate", body, o.request_timeout, &r, cancel);
   if (!st.ok()) return st;
   if (r.status != 200) {

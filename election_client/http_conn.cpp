@@ -382,9 +382,8 @@ struct HttpConnection::Impl {
   }
 
   template <class S>
-  awaitable<Attempt> streaming_on(S& s, const std::string& target, const std::string& body,
-                                  const HttpHeaders& headers, Clock::time_point head_deadline,
-                                  std::chrono::milliseconds idle,
+  awaitable<Attempt> streaming_on(S& s, const std::string& target, const std::string& body, const HttpHeaders& headers,
+                                  Clock::time_point head_deadline, std::chrono::milliseconds idle,
                                   const std::function<bool(std::string_view)>* on_line, HttpResponse* error_out) {
     Attempt a;
     a.ec = co_await send(s, target, body, headers, head_deadline);

@@ -249,8 +249,7 @@ awaitable<void> AdminSession::write_all(std::string_view out, boost::system::err
   });
   if (tls_)  // issue 27 (tls-ctl)
     co_await net::async_write(tls_->stream, net::buffer(out), net::redirect_error(use_awaitable, ec));
-  else
-    co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
+  else co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
   limit.cancel();
   conn_->active = std::chrono::steady_clock::now();
 }
@@ -298,10 +297,9 @@ std::unique_ptr<AdminServer> AdminServer::start(Runtime& rt, const config::Endpo
     *error = (le.resolving ? "cannot resolve " : "cannot listen on ") + listen.to_string() + ": " + le.message;
     return nullptr;
   }
-  log::info("admin listening",
-            {log::kv("address", bound_address(a->acceptor)),
-             log::kv("auth", rt.snapshot()->cfg->admin.token.empty() ? "none (loopback)" : "bearer"),
-             log::kv("tls", a->tls_ctx ? "on" : "off")});
+  log::info("admin listening", {log::kv("address", bound_address(a->acceptor)),
+                                log::kv("auth", rt.snapshot()->cfg->admin.token.empty() ? "none (loopback)" : "bearer"),
+                                log::kv("tls", a->tls_ctx ? "on" : "off")});
   Admin* raw = a.get();
   net::co_spawn(a->ioc, raw->accept_loop(), net::detached);
   raw->wait_hup();

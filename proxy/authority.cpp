@@ -47,6 +47,24 @@ void note_reachability(const std::string& election, const Authority::Health& s, 
   was_available = s.available;
 }
 
+// Issue 27 (tls-ctl): an etcd that refuses us for our TLS settings or credentials is a setting to
+// fix, not a passing outage: said at error level, once per election and distinct reason.
+void note_refusal(const std::string& election, const election::Status& st) {
+  const std::string& m = st.message();
+  if (m.find("TLS") == std::string::npos && m.find("authentication") == std::string::npos &&
+      m.find("user name is empty") == std::string::npos && m.find("permission denied") == std::string::npos)
+    return;
+  static std::mutex mu;
+  static std::map<std::string, std::string> said;  // election -> the last reason logged
+  std::lock_guard lk(mu);
+  std::string& last = said[election];
+  if (last == m) return;
+  last = m;
+  log::error("authority: etcd refuses the connection or the credentials (cacert, cert, key, user, password_file); "
+             "fenced writes get 503",
+             {log::kv("election", election), log::kv("error", st.to_string())});
+}
+
 }  // namespace
 
 std::string_view to_string(AuthorityVerdict v) {
@@ -291,6 +309,7 @@ bool Authority::resync(election::Client& client) {
   election::Status st = client.range(prefix_, election::prefix_range_end(prefix_), &kvs, &h);
   if (!st.ok()) {
     log::debug("authority: range failed", {log::kv("election", cfg_.election), log::kv("error", st.to_string())});
+    note_refusal(cfg_.election, st);  // issue 27 (tls-ctl)
     return false;
   }
   std::int64_t before;

@@ -16,7 +16,7 @@ namespace fencegate::testing {
 
 // Runs `sh -c cmd`, its stdout into *out (stderr too with `merge`). Returns the exit status.
 inline int run_shell(const std::string& cmd, std::string* out = nullptr, bool merge = true) {
-  std::FILE* p = ::popen((cmd + (merge ? " 2>&1" : "")).c_str(), "r");
+  std::FILE* p = ::popen(("(" + cmd + ")" + (merge ? " 2>&1" : " 2>/dev/null")).c_str(), "r");
   if (!p) return -1;
   std::string text;
   char buf[4096];
@@ -41,14 +41,16 @@ struct TestCerts {
     const std::string newkey = "-newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes";
     std::string out;
     std::string cmd =
-        "set -e; cd " + d + "; " +
-        "openssl req -x509 " + newkey + " -keyout ca.key -out ca.pem -days 2 -subj /CN=fencegate-test-ca; " +
+        "set -e; cd " + d + "; " + "openssl req -x509 " + newkey +
+        " -keyout ca.key -out ca.pem -days 2 -subj /CN=fencegate-test-ca; " +
         "printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\\nextendedKeyUsage=serverAuth,clientAuth\\n' > server.ext; "
-        "openssl req " + newkey + " -keyout server.key -out server.csr -subj /CN=127.0.0.1; " +
+        "openssl req " +
+        newkey + " -keyout server.key -out server.csr -subj /CN=127.0.0.1; " +
         "openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 2 "
         "-extfile server.ext; "
         "printf 'subjectAltName=DNS:fencegate-client\\nextendedKeyUsage=clientAuth\\n' > client.ext; "
-        "openssl req " + newkey + " -keyout client.key -out client.csr -subj /CN=fencegate-client; " +
+        "openssl req " +
+        newkey + " -keyout client.key -out client.csr -subj /CN=fencegate-client; " +
         "openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out client.pem -days 2 "
         "-extfile client.ext; chmod 600 *.key";
     if (run_shell(cmd, &out) != 0) return out;
@@ -60,8 +62,12 @@ struct TestCerts {
 class TlsEtcd {
  public:
   TlsEtcd(const TestCerts& certs, bool client_cert_auth, std::vector<std::string> extra = {})
-      : certs_(certs), client_cert_auth_(client_cert_auth), extra_(std::move(extra)),
-        dir_(std::make_unique<TempDir>("fencegate-etcd-tls")), client_port_(free_port()), peer_port_(free_port()) {
+      : certs_(certs),
+        client_cert_auth_(client_cert_auth),
+        extra_(std::move(extra)),
+        dir_(std::make_unique<TempDir>("fencegate-etcd-tls")),
+        client_port_(free_port()),
+        peer_port_(free_port()) {
     while (peer_port_ == client_port_) peer_port_ = free_port();
   }
   ~TlsEtcd() {
@@ -73,20 +79,32 @@ class TlsEtcd {
   bool start(std::chrono::milliseconds timeout = 20s) {
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
     std::vector<std::string> argv{kEtcdBinary,
-                                  "--name", "fg",
-                                  "--data-dir", dir_->file("data"),
-                                  "--listen-client-urls", url(),
-                                  "--advertise-client-urls", url(),
-                                  "--listen-peer-urls", peer,
-                                  "--initial-advertise-peer-urls", peer,
-                                  "--initial-cluster", "fg=" + peer,
-                                  "--initial-cluster-state", "new",
-                                  "--cert-file", certs_.server_cert(),
-                                  "--key-file", certs_.server_key(),
-                                  "--trusted-ca-file", certs_.ca(),
-                                  "--logger", "zap",
-                                  "--log-level", "warn"};
-    if (client_cert_auth_) argv.push_back("--client-cert-auth");
+                                  "--name",
+                                  "fg",
+                                  "--data-dir",
+                                  dir_->file("data"),
+                                  "--listen-client-urls",
+                                  url(),
+                                  "--advertise-client-urls",
+                                  url(),
+                                  "--listen-peer-urls",
+                                  peer,
+                                  "--initial-advertise-peer-urls",
+                                  peer,
+                                  "--initial-cluster",
+                                  "fg=" + peer,
+                                  "--initial-cluster-state",
+                                  "new",
+                                  "--cert-file",
+                                  certs_.server_cert(),
+                                  "--key-file",
+                                  certs_.server_key(),
+                                  "--logger",
+                                  "zap",
+                                  "--log-level",
+                                  "warn"};
+    // etcd asks for client certificates once it has a trusted CA: only with client_cert_auth.
+    if (client_cert_auth_) argv.insert(argv.end(), {"--trusted-ca-file", certs_.ca(), "--client-cert-auth"});
     argv.insert(argv.end(), extra_.begin(), extra_.end());
     ProcessOptions o;
     o.log_path = dir_->file("etcd.log");

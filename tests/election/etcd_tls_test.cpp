@@ -38,8 +38,8 @@ struct TlsServe {
     (void)certs;
   }
   bool start() {
-    process = std::make_unique<Process>(
-        Process::start({kFencegate, "serve", "--config", dir->file("fencegate.json")}, {dir->file("serve.log"), {}, {}}));
+    process = std::make_unique<Process>(Process::start({kFencegate, "serve", "--config", dir->file("fencegate.json")},
+                                                       {dir->file("serve.log"), {}, {}}));
     return process->wait_for_port(port, 15s) && process->wait_for_port(admin_port, 15s);
   }
   std::string log() const { return read_file(dir->file("serve.log"), 16 * 1024); }
@@ -77,29 +77,34 @@ int run_fencegate(const std::vector<std::string>& args, std::string* out, const 
   return st->exited ? st->code : 128 + st->signal;
 }
 
-#define FG_REQUIRE_TLS_TOOLS()                                                            \
-  FG_REQUIRE_ETCD();                                                                      \
-  do {                                                                                    \
-    if (run_shell("command -v openssl && command -v curl") != 0) {                        \
-      MESSAGE("SKIPPED: openssl or curl is not installed");                               \
-      return;                                                                             \
-    }                                                                                     \
+#define FG_REQUIRE_TLS_TOOLS()                                     \
+  FG_REQUIRE_ETCD();                                               \
+  do {                                                             \
+    if (run_shell("command -v openssl && command -v curl") != 0) { \
+      MESSAGE("SKIPPED: openssl or curl is not installed");        \
+      return;                                                      \
+    }                                                              \
   } while (0)
 
 }  // namespace
 
-TEST_CASE("etcd TLS: elect campaigns over TLS with a client certificate, fences an https admin API, the authority "
-          "watch follows it; without the client certificate each fails with a clear error") {
+TEST_CASE(
+    "etcd TLS: elect campaigns over TLS with a client certificate, fences an https admin API, the authority "
+    "watch follows it; without the client certificate each fails with a clear error") {
   FG_REQUIRE_TLS_TOOLS();
   TempDir cdir("fencegate-certs");
   TestCerts certs{cdir.path()};
-  REQUIRE_MESSAGE(certs.make().empty(), certs.make());
+  const std::string made = certs.make();
+  REQUIRE_MESSAGE(made.empty(), made);
   TlsEtcd etcd(certs, /*client_cert_auth=*/true);
   REQUIRE_MESSAGE(etcd.start(), etcd.log());
 
   RecordingUpstream upstream;
-  json authority = {{"etcd", {etcd.url()}},       {"election", "ledger"},         {"cacert", certs.ca()},
-                    {"cert", certs.client_cert()}, {"key", certs.client_key()}};
+  json authority = {{"etcd", {etcd.url()}},
+                    {"election", "ledger"},
+                    {"cacert", certs.ca()},
+                    {"cert", certs.client_cert()},
+                    {"key", certs.client_key()}};
   TlsServe serve(certs, upstream.url(), tls_of(certs), authority);
   REQUIRE_MESSAGE(serve.start(), serve.log());
   INFO(serve.log());
@@ -110,8 +115,12 @@ TEST_CASE("etcd TLS: elect campaigns over TLS with a client certificate, fences 
 
   // elect over TLS: campaigns, fences the https admin API (--fence-cacert), then runs its command.
   TempDir dir("fencegate-tls-elect");
-  std::vector<std::string> flags{"--etcd", etcd.url(), "--election", "ledger", "--id", "worker-a", "--ttl", "5",
-                                 "--fence", serve.admin_url("/v1/resources/ledger"), "--fence-cacert", certs.ca()};
+  std::vector<std::string> flags{"--etcd",         etcd.url(),
+                                 "--election",     "ledger",
+                                 "--id",           "worker-a",
+                                 "--ttl",          "5",
+                                 "--fence",        serve.admin_url("/v1/resources/ledger"),
+                                 "--fence-cacert", certs.ca()};
   for (auto& f : cert_flags(certs)) flags.push_back(f);
   Contender a = start_contender(dir.path(), "a", flags);
   INFO(a.log());
@@ -136,8 +145,9 @@ TEST_CASE("etcd TLS: elect campaigns over TLS with a client certificate, fences 
                    .code() == 200;
       },
       15s));
-  CHECK(request(serve.port, "POST", "/ledger/charge", {{"Fencing-Token", std::to_string(token - 1)}}, "{}", 5s)
-            .code() == 409);
+  CHECK(
+      request(serve.port, "POST", "/ledger/charge", {{"Fencing-Token", std::to_string(token - 1)}}, "{}", 5s).code() ==
+      409);
 
   // Without the client certificate: leader and elect fail at once, saying a certificate is needed.
   CHECK(run_fencegate({"leader", "--etcd", etcd.url(), "--election", "ledger", "--cacert", certs.ca()}, &out) == 1);
@@ -167,8 +177,9 @@ TEST_CASE("etcd TLS: elect campaigns over TLS with a client certificate, fences 
   a.process->stop(5s);
 }
 
-TEST_CASE("etcd TLS: users: elect with --user and --password-file, a wrong password says authentication failed, an "
-          "expired token is renewed") {
+TEST_CASE(
+    "etcd TLS: users: elect with --user and --password-file, a wrong password says authentication failed, an "
+    "expired token is renewed") {
   FG_REQUIRE_TLS_TOOLS();
   if (run_shell("command -v etcdctl") != 0) {
     MESSAGE("SKIPPED: etcdctl is not installed (etcd-client)");
@@ -176,7 +187,8 @@ TEST_CASE("etcd TLS: users: elect with --user and --password-file, a wrong passw
   }
   TempDir cdir("fencegate-certs");
   TestCerts certs{cdir.path()};
-  REQUIRE_MESSAGE(certs.make().empty(), certs.make());
+  const std::string made = certs.make();
+  REQUIRE_MESSAGE(made.empty(), made);
   // https without client certificates (etcd would take a certificate's CN as the user), simple
   // tokens that expire after 2 s.
   TlsEtcd etcd(certs, /*client_cert_auth=*/false, {"--auth-token-ttl", "2"});
@@ -223,12 +235,14 @@ TEST_CASE("etcd TLS: users: elect with --user and --password-file, a wrong passw
   a.process->stop(5s);
 }
 
-TEST_CASE("admin TLS: client_auth required refuses a client without a certificate at the handshake; with one the "
-          "API answers; a key that does not load exits 2 naming admin.tls.key") {
+TEST_CASE(
+    "admin TLS: client_auth required refuses a client without a certificate at the handshake; with one the "
+    "API answers; a key that does not load exits 2 naming admin.tls.key") {
   FG_REQUIRE_TLS_TOOLS();
   TempDir cdir("fencegate-certs");
   TestCerts certs{cdir.path()};
-  REQUIRE_MESSAGE(certs.make().empty(), certs.make());
+  const std::string made = certs.make();
+  REQUIRE_MESSAGE(made.empty(), made);
   RecordingUpstream upstream;
   TlsServe serve(certs, upstream.url(), tls_of(certs, "required"));
   REQUIRE_MESSAGE(serve.start(), serve.log());
@@ -236,8 +250,7 @@ TEST_CASE("admin TLS: client_auth required refuses a client without a certificat
   const std::string url = serve.admin_url("/v1/resources");
   const std::string no_cert = curl_https(url, {"--cacert", certs.ca()});
   CHECK_MESSAGE(no_cert.rfind("curl exit", 0) == 0, no_cert);  // no HTTP answer at all
-  CHECK(curl_https(url, {"--cacert", certs.ca(), "--cert", certs.client_cert(), "--key", certs.client_key()}) ==
-        "200");
+  CHECK(curl_https(url, {"--cacert", certs.ca(), "--cert", certs.client_cert(), "--key", certs.client_key()}) == "200");
   // A certificate from another CA is refused too.
   TempDir odir("fencegate-certs-other");
   TestCerts other{odir.path()};
@@ -246,16 +259,14 @@ TEST_CASE("admin TLS: client_auth required refuses a client without a certificat
             .rfind("curl exit", 0) == 0);
 
   // SIGHUP with a certificate that no longer loads keeps the running one.
-  write_file(serve.dir->file("fencegate.json"),
-             [&] {
-               json c = json::parse(read_file(serve.dir->file("fencegate.json")));
-               c["admin"]["tls"]["key"] = other.server_key();  // not the key of server.pem
-               return c.dump();
-             }());
+  write_file(serve.dir->file("fencegate.json"), [&] {
+    json c = json::parse(read_file(serve.dir->file("fencegate.json")));
+    c["admin"]["tls"]["key"] = other.server_key();  // not the key of server.pem
+    return c.dump();
+  }());
   serve.process->kill(SIGHUP);
   CHECK(eventually([&] { return serve.log().find("admin.tls.key") != std::string::npos; }, 10s));
-  CHECK(curl_https(url, {"--cacert", certs.ca(), "--cert", certs.client_cert(), "--key", certs.client_key()}) ==
-        "200");
+  CHECK(curl_https(url, {"--cacert", certs.ca(), "--cert", certs.client_cert(), "--key", certs.client_key()}) == "200");
 
   // At start: exit 2 naming the field.
   std::string out;
