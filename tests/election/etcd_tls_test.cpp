@@ -276,4 +276,14 @@ TEST_CASE(
   TlsServe missing(certs, upstream.url(), json{{"cert", certs.server_cert()}, {"key", cdir.file("nope.key")}});
   CHECK(run_fencegate({"serve", "--config", missing.dir->file("fencegate.json")}, &out) == 2);
   CHECK_MESSAGE(out.find("admin.tls.key") != std::string::npos, out);
+
+  // A route authority's etcd TLS file that is missing, or TLS files for http:// endpoints: exit 2.
+  TlsServe auth_bad(certs, upstream.url(), nullptr,
+                    json{{"etcd", {"https://127.0.0.1:1"}}, {"election", "e"}, {"cacert", cdir.file("nope.pem")}});
+  CHECK(run_fencegate({"serve", "--config", auth_bad.dir->file("fencegate.json")}, &out) == 2);
+  CHECK_MESSAGE(out.find("routes[0].authority.cacert") != std::string::npos, out);
+  TlsServe auth_http(certs, upstream.url(), nullptr,
+                     json{{"etcd", {"http://127.0.0.1:1"}}, {"election", "e"}, {"cacert", certs.ca()}});
+  CHECK(run_fencegate({"serve", "--config", auth_http.dir->file("fencegate.json")}, &out) == 2);
+  CHECK_MESSAGE(out.find("https://") != std::string::npos, out);
 }
