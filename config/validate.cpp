@@ -162,8 +162,7 @@ void check_authority_tls(const Authority& a, const std::string& path, std::vecto
     if (!a.password_file.empty()) {
       if (auto e = files::read_secret_trimmed(a.password_file, &secret); !e.empty())
         errors.push_back(path + ".password_file: " + e);
-      else if (secret.empty())
-        errors.push_back(path + ".password_file: " + a.password_file + " is empty");
+      else if (secret.empty()) errors.push_back(path + ".password_file: " + a.password_file + " is empty");
     } else if (const char* env = std::getenv("FENCEGATE_ETCD_PASSWORD"); !env || !*env) {
       errors.push_back(path + ".password_file: required with user (or set FENCEGATE_ETCD_PASSWORD)");
     }

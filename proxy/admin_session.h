@@ -30,7 +30,7 @@ class Router;
 namespace fencegate::proxy {
 class Runtime;
 class TlsContext;  // issue 27 (tls-ctl): admin.tls
-}
+}  // namespace fencegate::proxy
 
 namespace fencegate::proxy::admin_detail {
 

@@ -60,9 +60,10 @@ void note_refusal(const std::string& election, const election::Status& st) {
   std::string& last = said[election];
   if (last == m) return;
   last = m;
-  log::error("authority: etcd refuses the connection or the credentials (cacert, cert, key, user, password_file); "
-             "fenced writes get 503",
-             {log::kv("election", election), log::kv("error", st.to_string())});
+  log::error(
+      "authority: etcd refuses the connection or the credentials (cacert, cert, key, user, password_file); "
+      "fenced writes get 503",
+      {log::kv("election", election), log::kv("error", st.to_string())});
 }
 
 }  // namespace
