@@ -28,6 +28,8 @@ std::string election_name_error(const std::string& name);
 // coordinator (election_client/backend.h). Returns "" with *out set, or the error naming the flag.
 struct CoordinatorFlags {
   std::string coordinator, etcd, zk_auth, redis_auth;
+  // Issue 27: etcd over https and etcd users (etcdctl's flag names; the password never a flag value).
+  std::string cacert, cert, key, user, password_file;
 };
 }  // namespace fencegate::cmd
 namespace fencegate::election {
@@ -35,5 +37,11 @@ struct Coordinator;
 }
 namespace fencegate::cmd {
 std::string coordinator_from_flags(const CoordinatorFlags& flags, election::Coordinator* out);
+// Issue 27: takes --cacert, --cert, --key, --user, --password-file into *f (true), refuses
+// --password (a secret in a flag value shows in ps and shell history), or returns false for others.
+bool take_etcd_security_flag(const std::string& name, const std::string& value, CoordinatorFlags* f,
+                             std::vector<std::string>& errors);
+// The usage lines of those flags.
+extern const char* const kEtcdSecurityUsage;
 
 }  // namespace fencegate::cmd

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,7 @@ constexpr const char* kElectUsage =
     "  --etcd URLS              etcd client URLs, comma-separated (http://host:port): the same as\n"
     "                           --coordinator etcd://...\n"
     "  --zk-auth FILE           ZooKeeper digest auth: FILE holds user:password (mode 0600/0400)\n"
+    "  --cacert, --cert, --key, --user, --password-file: etcd over https and etcd users (below)\n"
     "  --redis-auth FILE        Redis AUTH: FILE holds password or user:password (mode 0600/0400)\n"
     "  --election NAME          election name (etcd: the key prefix NAME/; ZooKeeper: the node\n"
     "                           /NAME under the chroot; Redis: the keys fencegate:election:NAME:*)\n"
@@ -75,6 +77,8 @@ constexpr const char* kElectUsage =
     "  --ttl SECONDS            lease TTL, 2..3600 (default 10); renewals every TTL/3\n"
     "  --fence URL              a fencegate admin resource URL, e.g.\n"
     "                           http://127.0.0.1:9901/v1/resources/ledger (repeatable)\n"
+    "  --fence-cacert PATH      CA file (PEM) that https --fence URLs must verify against\n"
+    "                           (default: the system store; the host name is checked)\n"
     "  --fence-token-file PATH  bearer token for the fence admin APIs (mode 0600 or 0400, at\n"
     "                           least 16 bytes, no control characters; docs/security.md)\n"
     "  --fence-timeout-ms MS    how long to wait for each fence, retrying while it is unreachable or 5xx\n"
@@ -88,6 +92,7 @@ constexpr const char* kElectUsage =
     "  --recampaign             after losing leadership or a failed barrier, campaign again\n"
     "  --grace-ms MS            SIGTERM -> SIGKILL grace for the command (default 5000)\n"
     "  --log-level LEVEL        debug, info, warn, error (default info); JSON lines on stderr\n"
+    "%s"
     "\n"
     "Exit codes: COMMAND's status; 1 the coordinator unreachable at start or COMMAND could not start;\n"
     "2 bad flags; 75 leadership lost while COMMAND ran; 76 activation barrier failed;\n"
@@ -103,6 +108,13 @@ constexpr std::array kElectFlags = {
     flags::Flag{"--ttl"},
     flags::Flag{"--fence"},
     flags::Flag{"--fence-token-file"},
+    flags::Flag{"--fence-cacert"},  // issue 27
+    flags::Flag{"--cacert"},
+    flags::Flag{"--cert"},
+    flags::Flag{"--key"},
+    flags::Flag{"--user"},
+    flags::Flag{"--password-file"},
+    flags::Flag{"--password"},  // refused with a reason
     flags::Flag{"--fence-timeout-ms"},
     flags::Flag{"--recampaign", flags::Arity::none},
     flags::Flag{"--catch-up"},
@@ -139,8 +151,67 @@ void take_integer(const flags::Item& item, std::int64_t lo, std::int64_t hi, std
                      " (got \"" + item.value + "\")");
 }
 
+const char* const kEtcdSecurityUsage =
+    "etcd over TLS and etcd users (issue 27, docs/tls.md; etcdctl's names):\n"
+    "  --cacert PATH            CA file (PEM) the https:// etcd endpoints must verify against\n"
+    "                           (default: the system store; the host name or IP is always checked)\n"
+    "  --cert PATH, --key PATH  client certificate and key for an etcd with --client-cert-auth\n"
+    "  --user NAME              etcd user (etcd auth): a token from /v3/auth/authenticate, renewed\n"
+    "                           when it expires\n"
+    "  --password-file PATH     the user's password (mode 0600/0400, one line); else the environment\n"
+    "                           variable FENCEGATE_ETCD_PASSWORD. Never a flag value (--password is refused)\n";
+
+bool take_etcd_security_flag(const std::string& name, const std::string& value, CoordinatorFlags* f,
+                             std::vector<std::string>& errors) {
+  if (name == "--cacert") f->cacert = value;
+  else if (name == "--cert") f->cert = value;
+  else if (name == "--key") f->key = value;
+  else if (name == "--user") f->user = value;
+  else if (name == "--password-file") f->password_file = value;
+  else if (name == "--password")
+    errors.push_back(
+        "--password: a password is never taken from a flag value (it would show in ps and shell history); use "
+        "--password-file PATH or the environment variable FENCEGATE_ETCD_PASSWORD");
+  else return false;
+  return true;
+}
+
+// Issue 27: etcd's TLS files and user into out->etcd_security.
+std::string etcd_security_from_flags(const CoordinatorFlags& flags, election::Coordinator* out) {
+  const bool tls = !flags.cacert.empty() || !flags.cert.empty() || !flags.key.empty();
+  if (!tls && flags.user.empty() && flags.password_file.empty()) return {};
+  if (out->kind != election::Coordinator::Kind::etcd)
+    return "--cacert, --cert, --key, --user and --password-file: only for an etcd coordinator";
+  election::EtcdSecurity& s = out->etcd_security;
+  s.cacert = flags.cacert;
+  s.cert = flags.cert;
+  s.key = flags.key;
+  s.user = flags.user;
+  // etcd://host:port with TLS files means https (an --etcd list says its scheme itself).
+  if (tls && flags.etcd.empty())
+    for (auto& e : out->endpoints)
+      if (e.rfind("http://", 0) == 0) e = "https://" + e.substr(7);
+  if (!flags.password_file.empty() && flags.user.empty()) return "--user: required with --password-file";
+  if (!flags.user.empty()) {
+    if (flags.user.size() > 256 || flags.user.find_first_of("\r\n") != std::string::npos)
+      return "--user: at most 256 bytes on one line";
+    if (!flags.password_file.empty()) {
+      if (auto e = election::read_etcd_password(flags.password_file, &s.password); !e.empty())
+        return "--password-file: " + e;
+    } else if (const char* env = std::getenv("FENCEGATE_ETCD_PASSWORD"); env && *env) {
+      s.password = env;
+    } else {
+      return "--password-file: required with --user (or set FENCEGATE_ETCD_PASSWORD)";
+    }
+  }
+  return election::check_etcd_security(s, out->endpoints, "--");
+}
+
 std::string coordinator_from_flags(const CoordinatorFlags& flags, election::Coordinator* out) {
-  const auto& [coordinator, etcd, zk_auth, redis_auth] = flags;
+  const auto& coordinator = flags.coordinator;
+  const auto& etcd = flags.etcd;
+  const auto& zk_auth = flags.zk_auth;
+  const auto& redis_auth = flags.redis_auth;
   std::string why;
   if (!coordinator.empty() && !etcd.empty()) return "--coordinator and --etcd: give one of them";
   if (coordinator.empty() && etcd.empty())
@@ -162,21 +233,23 @@ std::string coordinator_from_flags(const CoordinatorFlags& flags, election::Coor
     if (out->kind != Kind::redis) return "--redis-auth: only for a redis:// coordinator";
     if (auto e = election::read_coordinator_auth(redis_auth, out); !e.empty()) return "--redis-auth: " + e;
   }
-  return {};
+  return etcd_security_from_flags(flags, out);  // issue 27
 }
 
 int run_elect(const std::vector<std::string>& args) {
   election::note_inherited_fds();
   election::ElectOptions f;
   std::vector<std::string> errors;
-  std::string etcd, coordinator, zk_auth, redis_auth, level = "info", token_file;
+  std::string level = "info", token_file;
+  CoordinatorFlags cf;  // --etcd, --coordinator, auth and (issue 27) TLS flags
+  std::string &etcd = cf.etcd, &coordinator = cf.coordinator, &zk_auth = cf.zk_auth, &redis_auth = cf.redis_auth;
   bool id_given = false;
   flags::Rules rules;
   rules.dashdash_ends_flags = true;
   const flags::Parsed parsed = flags::parse(args, kElectFlags, rules);
   for (const flags::Item& item : parsed.items) {
     switch (item.kind) {
-      case flags::Kind::help: std::fputs(kElectUsage, stdout); return 0;
+      case flags::Kind::help: std::printf(kElectUsage, kEtcdSecurityUsage); return 0;
       case flags::Kind::unknown_flag:
       case flags::Kind::value_on_boolean:  // "--recampaign=1" names no flag
         errors.push_back("unknown flag \"" + item.arg + "\"");
@@ -194,7 +267,11 @@ int run_elect(const std::vector<std::string>& args) {
     auto take_text = [&](std::string& to) {
       if (!missing) to = item.value;
     };
-    if (name == "--recampaign") {
+    if (!missing && take_etcd_security_flag(name, item.value, &cf, errors)) {
+      // issue 27: etcd TLS and user
+    } else if (name == "--fence-cacert") {
+      take_text(f.fence_cacert);
+    } else if (name == "--recampaign") {
       f.recampaign = true;
     } else if (name == "--etcd") {
       take_text(etcd);
@@ -233,7 +310,7 @@ int run_elect(const std::vector<std::string>& args) {
     } else if (name == "--fence") {
       election::HttpUrl u;
       std::string why;
-      if (!election::parse_http_url(item.value, &u, &why)) {
+      if (!election::parse_http_url(item.value, &u, &why, /*allow_https=*/true)) {
         errors.push_back("--fence: " + why);
       } else {
         f.fences.push_back(u);
@@ -243,8 +320,7 @@ int run_elect(const std::vector<std::string>& args) {
   }
   f.command = parsed.rest;
   std::string why;
-  if (std::string e = coordinator_from_flags({coordinator, etcd, zk_auth, redis_auth}, &f.coordinator); !e.empty())
-    errors.push_back(e);
+  if (std::string e = coordinator_from_flags(cf, &f.coordinator); !e.empty()) errors.push_back(e);
   if (std::string e = election_name_error(f.election); !e.empty()) errors.push_back(e);
   if (id_given && f.id.empty()) errors.push_back("--id: must not be empty (leave it out for hostname:pid)");
   if (f.id.size() > 256)  // the sidecars would refuse it as Fencing-Leader (max_leader_bytes) after winning
@@ -259,6 +335,11 @@ int run_elect(const std::vector<std::string>& args) {
     if (auto e = election::load_token_file(token_file, &f.fence_token); !e.empty())
       errors.push_back("--fence-token-file: " + e);
     f.fence_token_file = token_file;
+  }
+  if (!f.fence_cacert.empty()) {  // issue 27: checked now, exit 2 naming the flag
+    std::string why;
+    if (!election::make_tls_client(election::TlsFiles{f.fence_cacert, "", ""}, &why))
+      errors.push_back("--fence-" + why);
   }
   if (!errors.empty()) return usage_error("elect", errors);
   if (f.id.empty()) f.id = election::default_id();

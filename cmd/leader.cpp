@@ -40,12 +40,16 @@ constexpr const char* kLeaderUsage =
     "  --election NAME    election name, required\n"
     "  --timeout-ms MS    how long to look for the leader, shared among the endpoints\n"
     "                     (one that hangs does not use it all; default 5000)\n"
+    "%s"
     "\n"
     "Exit codes: 0 printed; 1 coordinator unreachable or error; 2 bad flags; 3 no leader.\n";
 
-constexpr std::array kLeaderFlags = {flags::Flag{"--etcd"},     flags::Flag{"--coordinator"},
-                                     flags::Flag{"--zk-auth"},  flags::Flag{"--redis-auth"},
-                                     flags::Flag{"--election"}, flags::Flag{"--timeout-ms"}};
+constexpr std::array kLeaderFlags = {flags::Flag{"--etcd"}, flags::Flag{"--coordinator"}, flags::Flag{"--zk-auth"},
+                                     flags::Flag{"--redis-auth"}, flags::Flag{"--election"},
+                                     flags::Flag{"--timeout-ms"},
+                                     // issue 27: etcd over TLS and etcd users
+                                     flags::Flag{"--cacert"}, flags::Flag{"--cert"}, flags::Flag{"--key"},
+                                     flags::Flag{"--user"}, flags::Flag{"--password-file"}, flags::Flag{"--password"}};
 
 }  // namespace
 
@@ -56,7 +60,7 @@ int run_leader(const std::vector<std::string>& args) {
   std::int64_t timeout_ms = 5000;
   for (const flags::Item& item : flags::parse(args, kLeaderFlags).items) {
     switch (item.kind) {
-      case flags::Kind::help: std::fputs(kLeaderUsage, stdout); return 0;
+      case flags::Kind::help: std::printf(kLeaderUsage, kEtcdSecurityUsage); return 0;
       case flags::Kind::unknown_flag:
       case flags::Kind::value_on_boolean:
       case flags::Kind::not_a_flag: errors.push_back("unknown flag \"" + item.arg + "\""); continue;
@@ -67,7 +71,9 @@ int run_leader(const std::vector<std::string>& args) {
         break;
       case flags::Kind::flag: break;
     }
-    if (item.name == "--etcd") {
+    if (take_etcd_security_flag(item.name, item.value, &cf, errors)) {
+      // issue 27
+    } else if (item.name == "--etcd") {
       cf.etcd = item.value;
     } else if (item.name == "--coordinator") {
       cf.coordinator = item.value;

@@ -460,6 +460,51 @@ const SectionField kSectionFieldRows[] = {
        return {};
      },
      [](const Config& c) { return c.tls.min_version; }, "1.2|1.3", "lowest TLS version accepted"},
+    // Issue 27 (tls-ctl): TLS on the admin listener, the keys of the top-level tls.
+    {"admin.tls.cert", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v.empty()) return "must not be empty";
+       c.admin.tls.cert = v;
+       return {};
+     },
+     [](const Config&) -> std::string { return "none"; }, "FILE",
+     "admin API TLS certificate chain (PEM); with admin.tls.key the admin port speaks only TLS"},
+    {"admin.tls.key", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v.empty()) return "must not be empty";
+       c.admin.tls.key = v;
+       return {};
+     },
+     [](const Config&) -> std::string { return "none"; }, "FILE", "private key of admin.tls.cert (PEM)"},
+    {"admin.tls.client_ca", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v.empty()) return "must not be empty";
+       c.admin.tls.client_ca = v;
+       return {};
+     },
+     [](const Config&) -> std::string { return "none"; }, "FILE",
+     "CA bundle (PEM) admin API client certificates must chain to"},
+    {"admin.tls.client_auth", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v == "none") c.admin.tls.client_auth = ClientAuth::none;
+       else if (v == "optional") c.admin.tls.client_auth = ClientAuth::optional;
+       else if (v == "required") c.admin.tls.client_auth = ClientAuth::required;
+       else return "must be one of none, optional, required (got " + quote(v) + ")";
+       return {};
+     },
+     [](const Config& c) -> std::string {
+       return c.admin.tls.client_auth == ClientAuth::none       ? "none"
+              : c.admin.tls.client_auth == ClientAuth::optional ? "optional"
+                                                                : "required";
+     },
+     "MODE", "admin API client certificates: none | optional | required (needs admin.tls.client_ca)"},
+    {"admin.tls.min_version", JsonKind::string,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v != "1.2" && v != "1.3") return "must be \"1.2\" or \"1.3\" (got " + quote(v) + ")";
+       c.admin.tls.min_version = v;
+       return {};
+     },
+     [](const Config& c) { return c.admin.tls.min_version; }, "1.2|1.3", "admin API: lowest TLS version accepted"},
     // Fleet (issue 33, docs/fleet.md)
     {"fleet.etcd", JsonKind::string, set_fleet_etcd,
      [](const Config& c) -> std::string {
@@ -588,6 +633,12 @@ std::string Authority::id() const {
   if (!coordinator.empty()) s += " coordinator=" + coordinator;  // issue 31
   if (!auth_file.empty()) s += " auth_file=" + quote(auth_file);
   if (poll.count() > 0) s += " poll_ms=" + std::to_string(poll.count());  // issue 31
+  // Issue 27 (tls-ctl): etcd TLS files and user.
+  if (!cacert.empty()) s += " cacert=" + quote(cacert);
+  if (!cert.empty()) s += " cert=" + quote(cert);
+  if (!key.empty()) s += " key=" + quote(key);
+  if (!user.empty()) s += " user=" + quote(user);
+  if (!password_file.empty()) s += " password_file=" + quote(password_file);
   s += " election=" + quote(election) + " grace_ms=" + std::to_string(grace.count());
   return s;
 }

@@ -46,6 +46,9 @@ struct Authority {
   // issue 31: "poll_ms" (redis:// only): the interval of the safety-net snapshot while Redis keyspace
   // notifications carry the view; 0 = window/3. Without notifications the poll stays window/3.
   std::chrono::milliseconds poll{0};
+  // Issue 27 (tls-ctl): etcd over https and etcd users: "cacert", "cert", "key" (PEM paths),
+  // "user" and "password_file" (owner-only mode; or FENCEGATE_ETCD_PASSWORD). Only for etcd.
+  std::string cacert, cert, key, user, password_file;
 
   // Canonical text naming this authority (equal iff the settings are equal).
   std::string id() const;
@@ -157,6 +160,9 @@ struct Config {
     std::chrono::milliseconds write_timeout{10000};   // one answer's write; over -> connection closed
     std::size_t max_connections = 64;                 // at the cap the longest-idle one is closed
     std::size_t max_connections_per_client = 8;       // per client address; more are closed at accept
+    // Issue 27 (tls-ctl): TLS on the admin listener, the same keys as the top-level `tls` (no sni);
+    // off while tls.cert is empty. The bearer token is still required as without TLS.
+    Tls tls;
   } admin;
 
   // Audit retention, pruned in the background (off the request path). 0 = unlimited. Limited by

@@ -139,6 +139,15 @@ Authority parse_authority(const json& j, const std::string& path, std::vector<st
       if (v.is_number_integer() && v.get<std::int64_t>() >= 50 && v.get<std::int64_t>() <= 600000)
         a.poll = std::chrono::milliseconds(v.get<std::int64_t>());
       else errors.push_back(fp + ": must be an integer from 50 to 600000 (got " + got(v) + ")");
+    } else if (key == "cacert" || key == "cert" || key == "key" || key == "user" || key == "password_file") {
+      // issue 27 (tls-ctl): etcd over https and etcd users (checked by validate())
+      get_string(v, fp,
+                 key == "cacert" ? a.cacert
+                 : key == "cert" ? a.cert
+                 : key == "key"  ? a.key
+                 : key == "user" ? a.user
+                                 : a.password_file,
+                 errors);
     } else if (key == "election") {
       has_election = true;
       get_string(v, fp, a.election, errors);
@@ -341,6 +350,10 @@ void parse_section(Config& c, const std::string& section, const json& j, std::ve
     std::string path = section + "." + key;
     if (path == "tls.sni") {  // TLS (issue 27): the one array in a section
       parse_tls_sni(c, v, errors);
+      continue;
+    }
+    if (path == "admin.tls") {  // issue 27 (tls-ctl): the one object in a section, its keys "admin.tls.*"
+      parse_section(c, path, v, errors);
       continue;
     }
     auto f = std::find_if(std::begin(kSectionFields), std::end(kSectionFields),

@@ -1,6 +1,7 @@
 // Checking a fully built Config: every error names the field and why, so one run shows them all
 // (validate), and what a reload may not change (reload_incompatibilities).
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <thread>
@@ -84,7 +85,9 @@ bool check_coordinator(Authority& a, const std::string& path, std::vector<std::s
   if (a.poll.count() > 0 && scheme == "zk")  // issue 31
     errors.push_back(path + ".poll_ms: only for a redis:// coordinator");
   if (scheme == "etcd") {
-    for (const auto& h : hosts) a.etcd.push_back("http://" + h);
+    // issue 27 (tls-ctl): with TLS files an etcd:// coordinator is reached over https
+    const bool tls = !a.cacert.empty() || !a.cert.empty() || !a.key.empty();
+    for (const auto& h : hosts) a.etcd.push_back((tls ? "https://" : "http://") + h);
     a.coordinator.clear();
   }
   return true;
@@ -108,12 +111,15 @@ void check_authority(Authority& a, const std::string& path, std::vector<std::str
   std::vector<std::string> norm;
   for (std::size_t i = 0; i < a.etcd.size(); ++i) {
     Endpoint ep;
-    if (auto e = parse_upstream(a.etcd[i], ep); !e.empty()) {
+    // issue 27 (tls-ctl): https:// etcd endpoints
+    const bool https = a.etcd[i].rfind("https://", 0) == 0;
+    if (auto e = parse_upstream(https ? "http://" + a.etcd[i].substr(8) : a.etcd[i], ep); !e.empty()) {
       errors.push_back(path + ".etcd[" + std::to_string(i) +
-                       "]: must be an etcd client URL \"http://host:port\" (got " + quote(a.etcd[i]) + ")");
+                       "]: must be an etcd client URL \"http://host:port\" or \"https://host:port\" (got " +
+                       quote(a.etcd[i]) + ")");
       continue;
     }
-    std::string u = "http://" + ep.to_string();
+    std::string u = (https ? "https://" : "http://") + ep.to_string();
     if (std::find(norm.begin(), norm.end(), u) != norm.end()) {
       errors.push_back(path + ".etcd[" + std::to_string(i) + "]: listed twice (" + quote(a.etcd[i]) + ")");
       continue;
@@ -148,7 +154,53 @@ void check_readable(const std::string& field, const std::string& path, std::vect
   else if (text.empty()) errors.push_back(field + ": " + path + " is empty");
 }
 
+// Issue 27 (tls-ctl): an authority's etcd TLS files and user; the admin listener's TLS.
+void check_authority_tls(const Authority& a, const std::string& path, std::vector<std::string>& errors) {
+  const bool tls = !a.cacert.empty() || !a.cert.empty() || !a.key.empty();
+  if (!tls && a.user.empty() && a.password_file.empty()) return;
+  if (!a.coordinator.empty()) {
+    errors.push_back(path + ": cacert, cert, key, user and password_file are only for an etcd authority");
+    return;
+  }
+  bool https = false;
+  for (const auto& e : a.etcd) https = https || e.rfind("https://", 0) == 0;
+  if (tls && !https) errors.push_back(path + ".cacert: TLS files need https:// etcd endpoints");
+  if (!a.cacert.empty()) check_readable(path + ".cacert", a.cacert, errors);
+  if (!a.cert.empty() || !a.key.empty()) {
+    check_readable(path + ".cert", a.cert, errors);
+    check_readable(path + ".key", a.key, errors);
+  }
+  if (!a.password_file.empty() && a.user.empty()) errors.push_back(path + ".user: required with password_file");
+  if (!a.user.empty()) {
+    if (a.user.size() > 256 || a.user.find_first_of("\r\n") != std::string::npos)
+      errors.push_back(path + ".user: at most 256 bytes on one line");
+    std::string secret;
+    if (!a.password_file.empty()) {
+      if (auto e = files::read_secret_trimmed(a.password_file, &secret); !e.empty())
+        errors.push_back(path + ".password_file: " + e);
+      else if (secret.empty()) errors.push_back(path + ".password_file: " + a.password_file + " is empty");
+    } else if (const char* env = std::getenv("FENCEGATE_ETCD_PASSWORD"); !env || !*env) {
+      errors.push_back(path + ".password_file: required with user (or set FENCEGATE_ETCD_PASSWORD)");
+    }
+  }
+}
+
+void check_admin_tls(const Config& c, std::vector<std::string>& errors) {
+  const Tls& t = c.admin.tls;
+  if (!t.enabled()) {
+    if (!t.client_ca.empty() || t.client_auth != ClientAuth::none)
+      errors.push_back("admin.tls.cert: required when other admin.tls settings are given");
+    return;
+  }
+  check_readable("admin.tls.cert", t.cert, errors);
+  check_readable("admin.tls.key", t.key, errors);
+  if (!t.client_ca.empty()) check_readable("admin.tls.client_ca", t.client_ca, errors);
+  if (t.client_auth != ClientAuth::none && t.client_ca.empty())
+    errors.push_back("admin.tls.client_ca: required when admin.tls.client_auth is optional or required");
+}
+
 void check_tls(const Config& c, std::vector<std::string>& errors) {
+  check_admin_tls(c, errors);  // issue 27 (tls-ctl)
   if (!c.tls.enabled()) {
     if (!c.tls.client_ca.empty() || c.tls.client_auth != ClientAuth::none || !c.tls.sni.empty())
       errors.push_back("tls.cert: required when other tls settings are given");
@@ -333,6 +385,7 @@ void validate(Config& c, std::vector<std::string>& errors) {
       }
     }
     if (r.authority) check_authority(*r.authority, name + ".authority", errors);
+    if (r.authority) check_authority_tls(*r.authority, name + ".authority", errors);  // issue 27 (tls-ctl)
     // Issue 30 (idempotency): keys are looked at only for writes the fence admits, so each keyed
     // method must be fenced on the route, and the key's header is not one of the fence's own.
     if (r.idempotency) {
@@ -416,6 +469,8 @@ std::vector<std::string> reload_incompatibilities(const Config& current, const C
   check("admin.listen", current.admin.listen.to_string(), next.admin.listen.to_string());
   // TLS (issue 27): the data listener's terminator starts with the process (certificates reload).
   check("tls", current.tls.enabled() ? "on" : "off", next.tls.enabled() ? "on" : "off");
+  // Issue 27 (tls-ctl): so does the admin listener's TLS (its certificates reload).
+  check("admin.tls", current.admin.tls.enabled() ? "on" : "off", next.admin.tls.enabled() ? "on" : "off");
   // Fleet (issue 33): its membership runs from the start of the process.
   auto fleet_text = [](const Config& c) {
     std::string t = c.fleet.name + "/" + c.fleet.member + "/" + std::to_string(c.fleet.ttl.count());

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/boot_clock.h"
+#include "election_client/etcd_client.h"
 #include "election_client/status.h"
 
 namespace fencegate::election {
@@ -44,6 +45,8 @@ struct Coordinator {
   // zk: user:password (digest scheme); redis: password, or user:password (ACL user). Never logged.
   std::string auth;
   std::string text;                    // as given (logs)
+  // Issue 27 (tls-ctl): etcd's TLS files and user (--cacert, --cert, --key, --user, --password-file).
+  EtcdSecurity etcd_security;
 };
 
 const char* kind_name(Coordinator::Kind k);

@@ -377,7 +377,7 @@ int Elect::run() {
         log::info("re-read the fence token file: the token changed", {log::kv("file", f_.fence_token_file)});
       }
     }
-    const FenceBarrierOptions barrier{f_.id, f_.fence_token, f_.fence_timeout_ms};
+    const FenceBarrierOptions barrier{f_.id, f_.fence_token, f_.fence_timeout_ms, f_.fence_cacert};  // issue 27
     FenceResult fr = FenceResult::ok;
     w = run_watched(
         [&](const std::atomic<bool>& cancel) {

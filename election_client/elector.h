@@ -46,6 +46,7 @@ struct ElectOptions {
   std::vector<std::string> fence_urls;  // as given, for logs (parallel to fences)
   std::string fence_token;
   std::string fence_token_file;  // re-read before each barrier: a rotated token is picked up
+  std::string fence_cacert;      // issue 27: CA file for https --fence URLs (--fence-cacert)
   // Longer than a sidecar's default drain_timeout_ms (10 s) and a commit: a barrier behind a stuck
   // older write is answered once the drain timeout has aborted it, not given up on just before.
   std::int64_t fence_timeout_ms = 30000;

@@ -73,12 +73,13 @@ class EtcdObserver final : public Observer {
 class EtcdBackend final : public Backend {
  public:
   std::unique_ptr<Observer> observer() override { return std::make_unique<EtcdObserver>(client_options()); }
-  explicit EtcdBackend(std::vector<std::string> endpoints)
-      : endpoints_(std::move(endpoints)), client_(client_options()) {}
+  EtcdBackend(std::vector<std::string> endpoints, EtcdSecurity security)
+      : endpoints_(std::move(endpoints)), security_(std::move(security)), client_(client_options()) {}
 
   ClientOptions client_options() const {
     ClientOptions o;
     o.endpoints = endpoints_;
+    o.security = security_;  // issue 27
     o.request_timeout = 5000ms;
     o.connect_timeout = 1000ms;
     return o;
@@ -104,7 +105,7 @@ class EtcdBackend final : public Backend {
 
   Status leader(const std::string& election, milliseconds timeout, LeaderInfo* out) override {
     KeyValue kv;
-    Status st = lookup_leader(endpoints_, election, timeout, &kv);
+    Status st = lookup_leader(endpoints_, election, timeout, &kv, security_);
     if (st.ok()) *out = LeaderInfo{kv.value, kv.create_revision};
     return st;
   }
@@ -128,6 +129,7 @@ class EtcdBackend final : public Backend {
 
  private:
   const std::vector<std::string> endpoints_;
+  const EtcdSecurity security_;  // issue 27: TLS files and user
   Client client_;
   std::vector<std::int64_t> leftover_leases_;  // revoke failed; tried again before each campaign
 };
@@ -171,6 +173,8 @@ void EtcdCandidacy::give_up(bool leading) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_etcd_backend(const Coordinator& c) { return std::make_unique<EtcdBackend>(c.endpoints); }
+std::unique_ptr<Backend> make_etcd_backend(const Coordinator& c) {
+  return std::make_unique<EtcdBackend>(c.endpoints, c.etcd_security);
+}
 
 }  // namespace fencegate::election

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "common/file_checks.h"
 #include "election_client/etcd_json.h"
 #include "election_client/http_conn.h"
 
@@ -22,7 +23,7 @@ bool parse_endpoint_list(std::string_view csv, std::vector<std::string>* out, st
     if (!one.empty()) {
       HttpUrl u;
       std::string why;
-      if (!parse_http_url(one, &u, &why)) {
+      if (!parse_http_url(one, &u, &why, /*allow_https=*/true)) {
         if (err) *err = "etcd endpoint: " + why;
         return false;
       }
@@ -45,13 +46,136 @@ bool parse_endpoint_list(std::string_view csv, std::vector<std::string>* out, st
 
 std::string election_prefix(std::string_view name) { return std::string(name) + "/"; }
 
+// --- Issue 27: TLS and user authentication -------------------------------------------------------
+
+namespace {
+
+bool any_https(const std::vector<std::string>& endpoints) {
+  for (const auto& e : endpoints)
+    if (e.rfind("https://", 0) == 0) return true;
+  return false;
+}
+
+TlsFiles tls_files(const EtcdSecurity& s) { return TlsFiles{s.cacert, s.cert, s.key}; }
+
+// True iff etcd's error says the token is missing, expired or stale: authenticate again.
+bool token_rejected(const Status& st) {
+  if (!st.is_etcd_error()) return false;
+  const std::string& m = st.message();
+  return st.code() == 16 || m.find("invalid auth token") != std::string::npos ||
+         m.find("user name is empty") != std::string::npos ||
+         m.find("revision of auth store is old") != std::string::npos;
+}
+
+// The error of a non-200 etcd answer.
+Status etcd_error(const HttpResponse& r) {
+  json e = json::parse(r.body, nullptr, false);
+  if (e.is_object() && (e.contains("message") || e.contains("error"))) {
+    std::string msg = e.value("message", std::string());
+    if (msg.empty() && e["error"].is_string()) msg = e["error"].get<std::string>();
+    return Status::Etcd(static_cast<int>(i64(e, "code")), msg);
+  }
+  return Status::Http(r.status, r.body.substr(0, 200));
+}
+
+// POST /v3/auth/authenticate on `conn`.
+Status authenticate_on(HttpConnection& conn, const ClientOptions& o, std::string* token,
+                       const std::atomic<bool>* cancel) {
+  token->clear();
+  if (o.security.user.empty()) return Status::OK();
+  HttpResponse r;
+  const std::string body =
+      json{{"name", o.security.user}, {"password", o.security.password}}.dump(-1, ' ', false,
+                                                                              json::error_handler_t::replace);
+  Status st = conn.post("/v3/auth/authenticate", body, o.request_timeout, &r, cancel);
+  if (!st.ok()) return st;
+  if (r.status != 200) {
+    Status e = etcd_error(r);
+    const std::string m = e.is_etcd_error() ? e.message() : e.to_string();
+    if (m.find("authentication is not enabled") != std::string::npos) return Status::OK();  // no token needed
+    return Status::Etcd(e.code(), "etcd authentication failed for user \"" + o.security.user + "\": " + m +
+                                      " (check --user and the password file / FENCEGATE_ETCD_PASSWORD)");
+  }
+  json j = json::parse(r.body, nullptr, false);
+  if (!j.is_object() || !j.contains("token") || !j["token"].is_string() || j["token"].get<std::string>().empty())
+    return Status::Protocol("etcd authenticate answered without a token: " + r.body.substr(0, 200));
+  *token = j["token"].get<std::string>();
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string check_etcd_security(const EtcdSecurity& s, const std::vector<std::string>& endpoints,
+                                const std::string& prefix) {
+  const TlsFiles f = tls_files(s);
+  if (f.empty()) return {};
+  if (!any_https(endpoints)) {
+    const char* which = !s.cacert.empty() ? "cacert" : !s.cert.empty() ? "cert" : "key";
+    return prefix + which + ": only for https:// etcd endpoints (the endpoints are http://)";
+  }
+  std::string why;
+  if (!make_tls_client(f, &why)) return prefix + why;
+  return {};
+}
+
+std::string read_etcd_password(const std::string& path, std::string* out) {
+  std::string t;
+  if (auto e = files::read_secret_trimmed(path, &t); !e.empty()) return e;
+  if (t.empty()) return path + " is empty";
+  if (t.find('\n') != std::string::npos) return path + " must hold one line (the password)";
+  *out = std::move(t);
+  return {};
+}
+
+std::shared_ptr<const TlsClient> make_etcd_tls(const ClientOptions& o) {
+  if (!any_https(o.endpoints)) return nullptr;
+  std::string why;
+  auto t = make_tls_client(tls_files(o.security), &why);
+  if (!t) throw std::invalid_argument("etcd TLS: " + why);
+  return t;
+}
+
+Status authenticate(const ClientOptions& o, std::string* token, const std::atomic<bool>* cancel) {
+  token->clear();
+  if (o.security.user.empty()) return Status::OK();
+  HttpConnection::Options ho;
+  for (const auto& e : o.endpoints) {
+    HttpUrl u;
+    if (parse_http_url(e, &u, nullptr, true)) ho.endpoints.push_back(u);
+  }
+  ho.connect_timeout = o.connect_timeout;
+  ho.tls = make_etcd_tls(o);
+  HttpConnection conn(ho);
+  return authenticate_on(conn, o, token, cancel);
+}
+
+Status Client::token(HttpConnection& conn, bool renew, std::string* out, const std::atomic<bool>* cancel) {
+  out->clear();
+  if (options_.security.user.empty()) return Status::OK();
+  {
+    std::lock_guard lk(mu_);
+    if (renew) token_.clear();
+    if (!token_.empty()) {
+      *out = token_;
+      return Status::OK();
+    }
+  }
+  Status st = authenticate_on(conn, options_, out, cancel);
+  if (st.ok()) {
+    std::lock_guard lk(mu_);
+    token_ = *out;
+  }
+  return st;
+}
+
 Client::Client(ClientOptions options) : options_(std::move(options)) {
   if (options_.endpoints.empty()) throw std::invalid_argument("election::Client: no endpoints");
   for (const auto& e : options_.endpoints) {
     HttpUrl u;
     std::string why;
-    if (!parse_http_url(e, &u, &why)) throw std::invalid_argument("election::Client: " + why);
+    if (!parse_http_url(e, &u, &why, /*allow_https=*/true)) throw std::invalid_argument("election::Client: " + why);
   }
+  tls_ = make_etcd_tls(options_);
 }
 
 Client::~Client() = default;
@@ -68,10 +192,11 @@ std::unique_ptr<HttpConnection> Client::take() {
   HttpConnection::Options o;
   for (const auto& e : options_.endpoints) {
     HttpUrl u;
-    parse_http_url(e, &u, nullptr);
+    parse_http_url(e, &u, nullptr, /*allow_https=*/true);
     o.endpoints.push_back(u);
   }
   o.connect_timeout = options_.connect_timeout;
+  o.tls = tls_;
   return std::make_unique<HttpConnection>(std::move(o));
 }
 
@@ -93,6 +218,7 @@ Status Client::call_shared(std::string_view path, const std::string& body, std::
   // use it all (fencegate elect exited 1 with --etcd hung,good).
   auto conn = take();
   HttpResponse r;
+  HttpHeaders headers;  // issue 27: the auth token, with a user
   auto attempts = [&](std::string_view p, std::string_view b, std::chrono::milliseconds t) {
     const std::size_t n = options_.endpoints.size();
     const auto deadline = std::chrono::steady_clock::now() + t;
@@ -103,33 +229,46 @@ Status Client::call_shared(std::string_view path, const std::string& body, std::
       auto per = left;
       if (tried + 1 < n)
         per = std::max(left / static_cast<long>(n - tried), std::min(std::chrono::milliseconds(250), left));
-      st = conn->post(p, b, per, &r, cancel);
+      st = conn->post(p, b, per, &r, cancel, headers);
       if (!st.is_unavailable()) break;
     }
     return st;
   };
-  Status st = Status::OK();
-  if (share) {
-    st = attempts(path, body, timeout);
-  } else {
-    // A long wait (campaign) cannot tell a hung member from a long queue: it goes to an endpoint
-    // that has just answered a cheap request (found with the time shared as above).
-    st = attempts("/v3/maintenance/status", "{}", options_.request_timeout);
-    if (st.ok()) st = conn->post(path, body, timeout, &r, cancel);
-  }
+  auto once = [&](bool renew) {
+    if (!options_.security.user.empty()) {
+      std::string tok;
+      if (Status ts = token(*conn, renew, &tok, cancel); !ts.ok()) return ts;
+      headers.clear();
+      if (!tok.empty()) headers.push_back({"Authorization", tok});
+    }
+    Status st = Status::OK();
+    if (share) {
+      st = attempts(path, body, timeout);
+    } else {
+      // A long wait (campaign) cannot tell a hung member from a long queue: it goes to an endpoint
+      // that has just answered a cheap request (found with the time shared as above).
+      st = attempts("/v3/maintenance/status", "{}", options_.request_timeout);
+      if (st.ok() && r.status != 200) return etcd_error(r);
+      if (st.ok()) st = conn->post(path, body, timeout, &r, cancel, headers);
+    }
+    if (st.ok() && r.status != 200) return etcd_error(r);
+    return st;
+  };
+  Status st = once(false);
+  // Issue 27: etcd's simple tokens expire (5 minutes by default) and a restarted member forgets
+  // them: authenticate again once and repeat the call.
+  if (!options_.security.user.empty() && token_rejected(st)) st = once(true);
   give_back(std::move(conn));
-  if (!st.ok()) return st;
-  if (r.status == 200) {
-    *out = std::move(r.body);
-    return Status::OK();
+  if (!st.ok()) {
+    if (options_.security.user.empty() && st.is_etcd_error() &&
+        st.message().find("user name is empty") != std::string::npos)
+      return Status::Etcd(st.code(), st.message() +
+                                         " (etcd has authentication enabled: give --user and --password-file, or "
+                                         "user and password_file)");
+    return st;
   }
-  json e = json::parse(r.body, nullptr, false);
-  if (e.is_object() && (e.contains("message") || e.contains("error"))) {
-    std::string msg = e.value("message", std::string());
-    if (msg.empty() && e["error"].is_string()) msg = e["error"].get<std::string>();
-    return Status::Etcd(static_cast<int>(i64(e, "code")), msg);
-  }
-  return Status::Http(r.status, r.body.substr(0, 200));
+  *out = std::move(r.body);
+  return Status::OK();
 }
 
 namespace {

@@ -25,16 +25,43 @@
 namespace fencegate::election {
 
 class HttpConnection;
+class TlsClient;
 
-struct ClientOptions {
-  std::vector<std::string> endpoints;                 // "http://host:port", at least one
-  std::chrono::milliseconds request_timeout{5000};    // per call, failover included
-  std::chrono::milliseconds connect_timeout{1000};    // per endpoint
+// Issue 27 (docs/tls.md): how to reach a secured etcd. https endpoints are verified against
+// `cacert` (else the system store) with the host name checked; `cert`/`key` are the client
+// certificate for --client-cert-auth. With `user`, every call carries a token from
+// /v3/auth/authenticate (renewed when etcd rejects it: simple tokens expire after 5 minutes).
+struct EtcdSecurity {
+  std::string cacert, cert, key;  // PEM paths (etcdctl's --cacert, --cert, --key)
+  std::string user;
+  std::string password;  // read from a file or FENCEGATE_ETCD_PASSWORD, never from a flag; never logged
+  bool operator==(const EtcdSecurity&) const = default;
 };
 
-// Splits "http://a:2379,http://b:2379" and checks each URL. Returns true iff all are valid
-// http://host:port URLs without a path.
+// "" if `s` fits `endpoints`, else why, naming the setting (`prefix` + "cacert", ...): TLS files
+// only with https:// endpoints, and their files load (a key matches its certificate).
+std::string check_etcd_security(const EtcdSecurity& s, const std::vector<std::string>& endpoints,
+                                const std::string& prefix);
+// Reads an etcd password file: owner-only mode, one line, trimmed. "" or why (never the contents).
+std::string read_etcd_password(const std::string& path, std::string* out);
+
+struct ClientOptions {
+  std::vector<std::string> endpoints;                 // "http://host:port" or "https://host:port", at least one
+  std::chrono::milliseconds request_timeout{5000};    // per call, failover included
+  std::chrono::milliseconds connect_timeout{1000};    // per endpoint
+  EtcdSecurity security;                              // issue 27: TLS files and user authentication
+};
+
+// Splits "http://a:2379,https://b:2379" and checks each URL. Returns true iff all are valid
+// http:// or https://host:port URLs without a path.
 bool parse_endpoint_list(std::string_view csv, std::vector<std::string>* out, std::string* err);
+
+// Issue 27: the HTTP connection settings of `o` (endpoints and the TLS context `tls`, built once by
+// the caller with make_etcd_tls). For the watch's own connection.
+std::shared_ptr<const TlsClient> make_etcd_tls(const ClientOptions& o);
+// A token for `o.security.user` (POST /v3/auth/authenticate). OK with "" when no user is set or
+// etcd has auth disabled; an etcd error saying "authentication failed" for a wrong password.
+Status authenticate(const ClientOptions& o, std::string* token, const std::atomic<bool>* cancel = nullptr);
 
 struct ResponseHeader {
   std::int64_t revision = 0;
@@ -130,13 +157,17 @@ class Client {
 
   std::unique_ptr<HttpConnection> take();
   void give_back(std::unique_ptr<HttpConnection> c);
+  // Issue 27: the auth token to send ("" without a user); `renew` drops the cached one first.
+  Status token(HttpConnection& conn, bool renew, std::string* out, const std::atomic<bool>* cancel);
 
   // Constant after construction
   const ClientOptions options_;
+  std::shared_ptr<const TlsClient> tls_;  // issue 27: built once for every https connection
 
   std::mutex mu_;
   // Guarded by mu_
   std::vector<std::unique_ptr<HttpConnection>> idle_;
+  std::string token_;  // issue 27: the current etcd auth token (guarded by mu_)
 };
 
 // The key prefix under which an election's candidates live ("<name>/").

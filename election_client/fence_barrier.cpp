@@ -20,6 +20,14 @@ FenceResult fence_one(const FenceBarrierOptions& f, const HttpUrl& url, const st
   HttpConnection::Options o;
   o.endpoints = {url};
   o.connect_timeout = 1000ms;
+  if (url.tls) {  // issue 27: an https admin API, verified against --fence-cacert (or the system store)
+    std::string why;
+    o.tls = make_tls_client(TlsFiles{f.cacert, "", ""}, &why);
+    if (!o.tls) {
+      log::error("fence CA file does not load", {log::kv("fence", url_text), log::kv("error", "--fence-" + why)});
+      return FenceResult::unreachable;
+    }
+  }
   HttpConnection conn(o);
   const std::string target = url.path + "/fence";
   const std::string body =

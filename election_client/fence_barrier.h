@@ -20,6 +20,7 @@ struct FenceBarrierOptions {
   std::string leader_id;     // "leader" in the POST body (FENCING_LEADER_ID)
   std::string bearer_token;  // Authorization: Bearer ...; "" for none
   std::int64_t timeout_ms = 30000;  // per fence, retrying while it is unreachable or 5xx
+  std::string cacert;               // issue 27: CA file for https fences (elect --fence-cacert); "" = system store
 };
 
 enum class FenceResult { ok, refused, unreachable, cancelled };

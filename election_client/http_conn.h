@@ -1,4 +1,4 @@
-// HttpConnection: one persistent HTTP/1.1 client connection (plain http) to the first reachable
+// HttpConnection: one persistent HTTP/1.1 client connection (http or https) to the first reachable
 // of several endpoints, with failover and per-call deadlines. The only Asio/Beast user in
 // election_client (http_conn.cpp); this header keeps Beast out of everyone else's compile.
 //
@@ -28,17 +28,34 @@
 
 namespace fencegate::election {
 
-// http://host[:port][/path]; https is not supported.
+// http://host[:port][/path], or https:// where the caller allows it (issue 27).
 struct HttpUrl {
   std::string host;
   std::uint16_t port = 80;
   std::string path;  // "" or starting with '/', without query
+  bool tls = false;  // https://
   std::string origin() const {
-    return "http://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+    return std::string(tls ? "https://" : "http://") + (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
+           ":" + std::to_string(port);
   }
 };
-// Returns true iff `s` is an http URL; fills *out, or *err with what is wrong.
-bool parse_http_url(std::string_view s, HttpUrl* out, std::string* err);
+// Returns true iff `s` is an http URL (or, with allow_https, an https URL: port 443 by default);
+// fills *out, or *err with what is wrong.
+bool parse_http_url(std::string_view s, HttpUrl* out, std::string* err, bool allow_https = false);
+
+// TLS to https endpoints (issue 27, docs/tls.md): PEM paths. Verification is always on: the peer's
+// chain must verify against `cacert` (else the system store) and name the URL's host (a DNS name
+// or an IP address in the certificate's SAN). `cert` + `key`: a client certificate (mutual TLS).
+struct TlsFiles {
+  std::string cacert, cert, key;
+  bool empty() const { return cacert.empty() && cert.empty() && key.empty(); }
+};
+// An OpenSSL client context built once from TlsFiles and shared by connections (opaque here, so
+// that no Asio/OpenSSL header reaches the includers). Immutable once built.
+class TlsClient;
+// Builds the context. nullptr with *err naming the file that does not load ("--cacert"-free text:
+// the caller prefixes its field name).
+std::shared_ptr<const TlsClient> make_tls_client(const TlsFiles& files, std::string* err);
 
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
@@ -53,6 +70,8 @@ class HttpConnection {
     std::vector<HttpUrl> endpoints;                       // at least one; only host and port are used
     std::chrono::milliseconds connect_timeout{1000};      // per endpoint, within the call's time
     std::size_t max_body_bytes = 16 * 1024 * 1024;        // unary responses
+    // Issue 27: the context for https endpoints; null = one with the system store, made on demand.
+    std::shared_ptr<const TlsClient> tls;
   };
   explicit HttpConnection(Options options);
   ~HttpConnection();
@@ -71,7 +90,8 @@ class HttpConnection {
   // with its body in *error_response and Status OK() is not used: Status::Http.
   Status stream(std::string_view target, std::string_view body, std::chrono::milliseconds head_timeout,
                 std::chrono::milliseconds idle_timeout, const std::function<bool(std::string_view)>& on_line,
-                const std::atomic<bool>* cancel, HttpResponse* error_response = nullptr);
+                const std::atomic<bool>* cancel, HttpResponse* error_response = nullptr,
+                const HttpHeaders& headers = {});
 
   // Closes the connection (the next call reconnects, to the same endpoint).
   void close();

@@ -6,10 +6,11 @@
 namespace fencegate::election {
 
 Status lookup_leader(const std::vector<std::string>& endpoints, const std::string& election,
-                     std::chrono::milliseconds timeout, KeyValue* out) {
+                     std::chrono::milliseconds timeout, KeyValue* out, const EtcdSecurity& security) {
   using std::chrono::milliseconds;
   ClientOptions o;
   o.endpoints = endpoints;
+  o.security = security;  // issue 27: TLS and user authentication
   o.request_timeout = std::max(timeout / static_cast<long>(endpoints.size()), std::min(milliseconds(200), timeout));
   Client c(o);
   const auto until = std::chrono::steady_clock::now() + timeout;

@@ -18,6 +18,6 @@ namespace fencegate::election {
 // use all of it. Returns ok, no-leader (is_no_leader()), or the last error.
 // REQUIRES: endpoints are valid and non-empty (parse_endpoint_list).
 Status lookup_leader(const std::vector<std::string>& endpoints, const std::string& election,
-                     std::chrono::milliseconds timeout, KeyValue* out);
+                     std::chrono::milliseconds timeout, KeyValue* out, const EtcdSecurity& security = {});
 
 }  // namespace fencegate::election

@@ -72,9 +72,10 @@ void Watch::loop() {
   HttpConnection::Options ho;
   for (const auto& e : options_.client.endpoints) {
     HttpUrl u;
-    if (parse_http_url(e, &u, nullptr)) ho.endpoints.push_back(u);
+    if (parse_http_url(e, &u, nullptr, /*allow_https=*/true)) ho.endpoints.push_back(u);
   }
   ho.connect_timeout = options_.client.connect_timeout;
+  ho.tls = make_etcd_tls(options_.client);  // issue 27: https to etcd
   HttpConnection conn(ho);
   const std::string end = prefix_range_end(options_.prefix);
   while (!stopping_) {
@@ -83,9 +84,15 @@ void Watch::loop() {
     if (next_revision_.load() > 0) create["start_revision"] = std::to_string(next_revision_.load());
     json req = {{"create_request", create}};
     compacted_ = false;
-    Status st = conn.stream(
-        "/v3/watch", req.dump(), options_.client.request_timeout, options_.idle_timeout,
-        [this](std::string_view line) { return on_line(line); }, &stopping_);
+    // Issue 27: with an etcd user, a fresh token for each watch stream (tokens expire).
+    std::string token;
+    Status st = authenticate(options_.client, &token, &stopping_);
+    HttpHeaders headers;
+    if (!token.empty()) headers.push_back({"Authorization", token});
+    if (st.ok())
+      st = conn.stream(
+          "/v3/watch", req.dump(), options_.client.request_timeout, options_.idle_timeout,
+          [this](std::string_view line) { return on_line(line); }, &stopping_, nullptr, headers);
     if (stopping_) break;
     if (compacted_) {
       if (on_state_)

@@ -2,7 +2,10 @@
 // closes the longest-idle connection for a new one), one session per connection reading heads and
 // bodies within their deadlines, write_all's write deadline, SIGHUP, and starting and stopping
 // the admin thread. What a request means is decided in proxy/admin.cpp (AdminSession::route).
+#include <openssl/ssl.h>
+
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <csignal>
 
 #include "common/log.h"
@@ -11,8 +14,16 @@
 #include "proxy/listener.h"
 #include "proxy/metrics.h"
 #include "proxy/runtime.h"
+#include "proxy/tls_context.h"
 
 namespace fencegate::proxy::admin_detail {
+
+// Issue 27 (tls-ctl): admin.tls. The session's TLS stream over its own socket (so the socket's
+// close, the deadlines and remote_endpoint work as without TLS).
+struct AdminTls {
+  AdminTls(tcp::socket& s, SSL* ssl) : stream(s, ssl) {}
+  net::ssl::stream<tcp::socket&> stream;
+};
 
 namespace {
 
@@ -120,7 +131,36 @@ void Admin::wait_hup() {
   });
 }
 
+awaitable<bool> AdminSession::start_tls() {
+  std::shared_ptr<const TlsContext> ctx = admin_.tls();
+  if (!ctx) co_return true;
+  SSL* ssl = ctx->new_ssl();
+  if (!ssl) co_return false;
+  tls_ = std::make_shared<AdminTls>(sock_, ssl);
+  net::steady_timer deadline(admin_.ioc);
+  arm_request_deadline(deadline, admin_.rt.snapshot()->cfg->admin.header_timeout);
+  boost::system::error_code ec;
+  co_await tls_->stream.async_handshake(net::ssl::stream_base::server, net::redirect_error(use_awaitable, ec));
+  deadline.cancel();
+  if (ec) {
+    const long v = SSL_get_verify_result(tls_->stream.native_handle());
+    admin_.log_refusal("admin API: TLS handshake failed (logged at most once in 10 s)",
+                       {log::kv("client", conn_->client), log::kv("error", ec.message()),
+                        log::kv("verify", v == X509_V_OK ? "ok" : X509_verify_cert_error_string(v))});
+    co_return false;
+  }
+  conn_->active = std::chrono::steady_clock::now();
+  co_return true;
+}
+
+awaitable<std::size_t> AdminSession::tls_read_some(net::mutable_buffer into, boost::system::error_code& ec) {
+  std::size_t n = co_await tls_->stream.async_read_some(into, net::redirect_error(use_awaitable, ec));
+  conn_->active = std::chrono::steady_clock::now();
+  co_return n;
+}
+
 awaitable<void> AdminSession::run() {
+  if (!co_await start_tls()) co_return;  // issue 27 (tls-ctl)
   for (;;) {
     // Head.
     std::size_t head_len = 0;
@@ -207,7 +247,9 @@ awaitable<void> AdminSession::write_all(std::string_view out, boost::system::err
       sock_.close(ig);
     }
   });
-  co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
+  if (tls_)  // issue 27 (tls-ctl)
+    co_await net::async_write(tls_->stream, net::buffer(out), net::redirect_error(use_awaitable, ec));
+  else co_await net::async_write(sock_, net::buffer(out), net::redirect_error(use_awaitable, ec));
   limit.cancel();
   conn_->active = std::chrono::steady_clock::now();
 }
@@ -235,13 +277,29 @@ namespace net = boost::asio;
 
 std::unique_ptr<AdminServer> AdminServer::start(Runtime& rt, const config::Endpoint& listen, std::string* error) {
   auto a = std::make_unique<Admin>(rt);
+  // Issue 27 (tls-ctl): admin.tls, built before the port opens; reloaded with the config.
+  if (const auto& t = rt.snapshot()->cfg->admin.tls; t.enabled()) {
+    a->tls_ctx = TlsContext::build(t, error);
+    if (!a->tls_ctx) {
+      *error = "admin." + *error;
+      return nullptr;
+    }
+    rt.reload_admin_tls = [raw = a.get()](const config::Config& c) -> std::string {
+      std::string why;
+      auto ctx = TlsContext::build(c.admin.tls, &why);
+      if (!ctx) return "admin." + why + " (the running admin certificates stay)";
+      std::lock_guard lk(raw->tls_mu);
+      raw->tls_ctx = std::move(ctx);
+      return {};
+    };
+  }
   if (ListenError le; !open_listener(a->acceptor, listen, &le)) {
     *error = (le.resolving ? "cannot resolve " : "cannot listen on ") + listen.to_string() + ": " + le.message;
     return nullptr;
   }
-  log::info("admin listening",
-            {log::kv("address", bound_address(a->acceptor)),
-             log::kv("auth", rt.snapshot()->cfg->admin.token.empty() ? "none (loopback)" : "bearer")});
+  log::info("admin listening", {log::kv("address", bound_address(a->acceptor)),
+                                log::kv("auth", rt.snapshot()->cfg->admin.token.empty() ? "none (loopback)" : "bearer"),
+                                log::kv("tls", a->tls_ctx ? "on" : "off")});
   Admin* raw = a.get();
   net::co_spawn(a->ioc, raw->accept_loop(), net::detached);
   raw->wait_hup();

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <list>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -27,7 +29,8 @@ class Router;
 
 namespace fencegate::proxy {
 class Runtime;
-}
+class TlsContext;  // issue 27 (tls-ctl): admin.tls
+}  // namespace fencegate::proxy
 
 namespace fencegate::proxy::admin_detail {
 
@@ -86,6 +89,8 @@ struct PostedResult {
 };
 
 class Admin;
+// Issue 27 (tls-ctl): a connection's TLS stream over its socket (admin_conn.cpp; no ssl.hpp here).
+struct AdminTls;
 
 // One open admin connection, as the accept loop sees it: who, when it last moved bytes, and
 // whether it is answering a request (then it is not closed to make room). Admin thread only.
@@ -106,6 +111,10 @@ class AdminSession {
   awaitable<void> run();
 
  private:
+  // Issue 27 (tls-ctl): with admin.tls, the TLS handshake (within admin.header_timeout_ms). False:
+  // the connection is closed.
+  awaitable<bool> start_tls();
+  awaitable<std::size_t> tls_read_some(net::mutable_buffer into, boost::system::error_code& ec);
   awaitable<Reply> route(const RequestHead& h, std::string_view body);
   // Arms the total deadline of one request's head and body (admin.header_timeout_ms): when it
   // fires the socket is closed, so a head sent a byte at a time cannot hold the connection.
@@ -120,6 +129,7 @@ class AdminSession {
   }
   // Reads some bytes; the request deadline armed above bounds it.
   awaitable<std::size_t> read_some(net::mutable_buffer into, boost::system::error_code& ec) {
+    if (tls_) co_return co_await tls_read_some(into, ec);  // issue 27 (tls-ctl)
     std::size_t n = co_await sock_.async_read_some(into, net::redirect_error(use_awaitable, ec));
     conn_->active = std::chrono::steady_clock::now();
     co_return n;
@@ -159,6 +169,7 @@ class AdminSession {
 
   Admin& admin_;
   tcp::socket sock_;
+  std::shared_ptr<AdminTls> tls_;  // issue 27 (tls-ctl): set by start_tls() with admin.tls
   std::list<AdminConn>::iterator conn_;
   std::string buf_;
 };
@@ -180,8 +191,15 @@ class Admin final : public AdminServer {
   void log_refusal(std::string_view what, std::initializer_list<log::Field> fields);
   // SIGHUP reloads the config file.
   void wait_hup();
+  // Issue 27 (tls-ctl): the admin listener's TLS context (null without admin.tls); replaced on reload.
+  std::shared_ptr<const TlsContext> tls() const {
+    std::lock_guard lk(tls_mu);
+    return tls_ctx;
+  }
 
   Runtime& rt;
+  mutable std::mutex tls_mu;
+  std::shared_ptr<const TlsContext> tls_ctx;  // guarded by tls_mu (issue 27, tls-ctl)
   // Declared before ioc, so they outlive it: destroying ioc destroys the sessions' suspended
   // coroutine frames, whose guards still unlink themselves from conns.
   std::size_t sessions = 0;    // open admin connections not yet closed for room (ioc's thread only)

@@ -3,6 +3,7 @@
 #include "proxy/authority.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <nlohmann/json.hpp>
 
@@ -44,6 +45,25 @@ void note_reachability(const std::string& election, const Authority::Health& s, 
     log::warn(down, {log::kv("election", election), log::kv("window_ms", s.window_ms),
                      log::kv("ms_since_contact", s.ms_since_contact)});
   was_available = s.available;
+}
+
+// Issue 27 (tls-ctl): an etcd that refuses us for our TLS settings or credentials is a setting to
+// fix, not a passing outage: said at error level, once per election and distinct reason.
+void note_refusal(const std::string& election, const election::Status& st) {
+  const std::string& m = st.message();
+  if (m.find("TLS") == std::string::npos && m.find("authentication") == std::string::npos &&
+      m.find("user name is empty") == std::string::npos && m.find("permission denied") == std::string::npos)
+    return;
+  static std::mutex mu;
+  static std::map<std::string, std::string> said;  // election -> the last reason logged
+  std::lock_guard lk(mu);
+  std::string& last = said[election];
+  if (last == m) return;
+  last = m;
+  log::error(
+      "authority: etcd refuses the connection or the credentials (cacert, cert, key, user, password_file); "
+      "fenced writes get 503",
+      {log::kv("election", election), log::kv("error", st.to_string())});
 }
 
 }  // namespace
@@ -137,6 +157,19 @@ Authority::Authority(config::Authority cfg, OnNewLeader on_new_leader)
   client_options_.endpoints = cfg_.etcd;
   client_options_.request_timeout = kRequestTimeout;
   client_options_.connect_timeout = kConnectTimeout;
+  // Issue 27 (tls-ctl): etcd over https and etcd users (files checked by the config's validation).
+  client_options_.security = election::EtcdSecurity{cfg_.cacert, cfg_.cert, cfg_.key, cfg_.user, {}};
+  if (!cfg_.user.empty()) {
+    std::string& pw = client_options_.security.password;
+    if (!cfg_.password_file.empty()) {
+      if (auto e = election::read_etcd_password(cfg_.password_file, &pw); !e.empty())
+        throw std::invalid_argument("authority.password_file: " + e);
+    } else if (const char* env = std::getenv("FENCEGATE_ETCD_PASSWORD")) {
+      pw = env;
+    }
+  }
+  if (auto e = election::check_etcd_security(client_options_.security, cfg_.etcd, "authority."); !e.empty())
+    throw std::invalid_argument(e);
   if (!cfg_.coordinator.empty()) {
     // issue 31: a ZooKeeper or Redis election, observed through the election client's backend.
     election::Coordinator c;
@@ -279,6 +312,7 @@ bool Authority::resync(election::Client& client) {
   election::Status st = client.range(prefix_, election::prefix_range_end(prefix_), &kvs, &h);
   if (!st.ok()) {
     log::debug("authority: range failed", {log::kv("election", cfg_.election), log::kv("error", st.to_string())});
+    note_refusal(cfg_.election, st);  // issue 27 (tls-ctl)
     return false;
   }
   std::int64_t before;

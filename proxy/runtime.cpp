@@ -77,6 +77,8 @@ std::vector<std::string> Runtime::reload() {
   // TLS (issue 27): new certificates for new connections; open ones keep theirs.
   if (errors.empty() && reload_tls)
     if (std::string why = reload_tls(*next->cfg); !why.empty()) errors.push_back(std::move(why));
+  if (errors.empty() && reload_admin_tls)  // issue 27 (tls-ctl)
+    if (std::string why = reload_admin_tls(*next->cfg); !why.empty()) errors.push_back(std::move(why));
   if (!errors.empty()) {
     metrics.reload_failures.fetch_add(1);
     std::string all;

@@ -61,6 +61,8 @@ class Runtime {
   // TLS (issue 27): rebuilds the data listener's certificates on reload; returns "" or why not
   // (the reload then fails and the running certificates stay). Unset without tls. Set before traffic.
   std::function<std::string(const config::Config&)> reload_tls;
+  // Issue 27 (tls-ctl): the same for admin.tls (set by the admin server when it serves TLS).
+  std::function<std::string(const config::Config&)> reload_admin_tls;
   Fleet* fleet = nullptr;  // fleet (docs/fleet.md); nullptr without "fleet"; set before traffic
 
   std::shared_ptr<const Snapshot> snapshot() const {

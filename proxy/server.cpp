@@ -15,6 +15,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <stdexcept>
 #include <cstring>
 #include <thread>
 
@@ -171,7 +172,13 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   // Election authorities (authority-linked fencing): started before traffic, stopped before the
   // store and the fence go away. Until one has reached etcd its routes' writes get 503.
   Authorities authorities(rt);
-  authorities.start(*cfg);
+  try {
+    authorities.start(*cfg);
+  } catch (const std::invalid_argument& e) {  // issue 27 (tls-ctl): an etcd TLS file that does not load
+    log::error("cannot start an authority", {log::kv("error", e.what())});
+    std::fprintf(stderr, "fencegate serve: %s\n", e.what());
+    return 2;
+  }
   fence->set_drain_observer([&metrics](double s) { metrics.drain_wait.observe(s); });
   store->set_commit_observer([&metrics, &rt](double s, std::size_t rows, const store::Status& result) {
     if (rows) {  // 0 rows: the store's idle health check, not a commit
@@ -219,6 +226,10 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   if (!admin) {
     log::error("cannot start the admin listener",
                {log::kv("admin_listen", cfg->admin.listen.to_string()), log::kv("error", err)});
+    if (err.rfind("admin.tls", 0) == 0) {  // issue 27 (tls-ctl): a certificate that does not load: exit 2
+      std::fprintf(stderr, "fencegate serve: %s\n", err.c_str());
+      return 2;
+    }
     return 1;
   }
 

@@ -28,7 +28,8 @@ TEST_CASE("base64 and prefix ranges") {
   std::string err;
   CHECK(parse_endpoint_list("http://127.0.0.1:2379, http://10.0.0.2:2379", &eps, &err));
   CHECK(eps == std::vector<std::string>{"http://127.0.0.1:2379", "http://10.0.0.2:2379"});
-  CHECK_FALSE(parse_endpoint_list("https://127.0.0.1:2379", &eps, &err));
+  CHECK(parse_endpoint_list("https://127.0.0.1:2379", &eps, &err));  // issue 27: etcd over TLS
+  CHECK_FALSE(parse_endpoint_list("ftp://127.0.0.1:2379", &eps, &err));
   CHECK_FALSE(parse_endpoint_list("http://127.0.0.1:2379/v3", &eps, &err));
   CHECK_FALSE(parse_endpoint_list("", &eps, &err));
 }
