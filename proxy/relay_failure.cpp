@@ -112,6 +112,19 @@ task<bool> Session::upstream_failed(Forwarding& fw, boost::system::error_code e,
     linger = linger_or_release(fw, response ? "upstream timeout (response)" : "upstream timeout (send)", !response);
   else x.release();
   count(fw.resource, Outcome::upstream_error);
+  // TLS to the upstream (issue 27): a failed handshake is a 502 with its reason class. Nothing of
+  // the request was sent: the exchange is over (released above), as after a refused connect.
+  const char* tls_failure = std::string_view(stage) == "connect" && !x.aborted ? sc_->tls_failure : nullptr;
+  if (tls_failure) {
+    rt_.metrics.count_upstream_tls_failure(tls_failure);
+    log::warn("upstream TLS handshake failed",
+              {log::kv("upstream", fw.route.upstream), log::kv("reason", tls_failure),
+               log::kv("error", sc_->tls_detail)});
+    sc_->problem = Problem{502, "upstream-error", "Bad gateway",
+                           std::string("upstream ") + fw.route.upstream + ": TLS handshake failed (" + tls_failure +
+                               "): " + sc_->tls_detail};
+    co_return co_await reply(sc_->problem, false, fw.version, fw.fence);
+  }
   log::warn("upstream exchange failed",
             {log::kv("upstream", fw.route.upstream), log::kv("stage", stage), log::kv("error", e.message()),
              log::kv("aborted_by_drain", x.aborted ? 1 : 0), log::kv("still_in_flight", linger ? 1 : 0)});
