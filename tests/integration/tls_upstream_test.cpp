@@ -314,6 +314,84 @@ TEST_SUITE("tls_upstream") {
     CHECK(backend.count() == 1);
   }
 
+  TEST_CASE("tls upstream: a fenced write that times out stays in flight over TLS until the drain aborts it") {
+    // The backend (behind nginx) never answers /slow: fencegate's client gets its 504, but the
+    // write may still be applied upstream, so a newer generation waits for it (the drain) exactly
+    // as with a plaintext upstream: the TLS connection is held open, not dropped.
+    RecordingUpstream backend([](const RecordedRequest& r) {
+      return r.target.rfind("/slow", 0) == 0 ? UpstreamAction::hang() : UpstreamAction::respond();
+    });
+    Nginx nginx(backend.port());
+    INFO(nginx.log());
+    REQUIRE(nginx.ok());
+    ProxySpec spec;
+    spec.config = config_with_routes({tls_route("/", nginx.url(Nginx::good), "ledger")});
+    (*spec.config)["upstream_timeout_ms"] = 600;
+    (*spec.config)["drain_timeout_ms"] = 2500;
+    Proxy px(spec);
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+
+    ReadResult slow = request(px.port(), "POST", "/slow", token(1), "a");
+    INFO(describe(slow));
+    CHECK(slow.code() == 504);
+    REQUIRE(backend.wait_for_count(1, 10s));
+    const auto t0 = Clock::now();
+    ReadResult next = request(px.port(), "POST", "/fast", token(2), "b", 30s);
+    INFO(describe(next));
+    CHECK(next.code() == 200);
+    CHECK(ms_between(t0, Clock::now()) >= 1500);  // it waited for the lingering write's drain
+    CHECK(backend.count() == 2);
+  }
+
+  TEST_CASE("tls upstream: a reload builds new contexts; one whose files do not load keeps the old") {
+    const Certs& c = certs();
+    RecordingUpstream backend;
+    Nginx nginx(backend.port());
+    INFO(nginx.log());
+    REQUIRE(nginx.ok());
+    ProxySpec spec;
+    spec.config = config_with_routes({tls_route("/", nginx.url(Nginx::good), "ledger")});
+    (*spec.config)["threads"] = 1;
+    Proxy px(spec);
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    FG_ADMIN_PORT(admin, px);
+    auto reload = [&] { return request(admin, "POST", "/v1/config/reload", {}, {}, 30s); };
+    auto post = [&] {
+      ReadResult r = request(px.port(), "POST", "/x", token(1), "y");
+      INFO(describe(r));
+      return r.code();
+    };
+    auto last_connection = [&] { return backend.requests().back().header("X-Tls-Connection"); };
+
+    CHECK(post() == 200);
+    const std::string first = last_connection();
+    // The same settings reloaded: a new context, so the pooled connection of the old one is not reused.
+    REQUIRE(reload().code() == 200);
+    CHECK(post() == 200);
+    const std::string second = last_connection();
+    CHECK(second != first);
+    // A CA file that does not load: the reload fails naming it; the running context (and its pooled
+    // connection) stay.
+    json cfg = read_config(px);
+    write_file(c.f("junk-ca.crt"), "junk\n");
+    cfg["routes"][0]["upstream_ca"] = c.f("junk-ca.crt");
+    write_config(px, cfg);
+    ReadResult bad = reload();
+    INFO(describe(bad));
+    CHECK(bad.code() == 422);
+    CHECK(bad.response.body.find("routes[0].upstream_ca") != std::string::npos);
+    CHECK(post() == 200);
+    CHECK(last_connection() == second);
+    // A CA that does not sign nginx's certificate: new connections fail the handshake.
+    cfg["routes"][0]["upstream_ca"] = c.f("other-ca.crt");
+    write_config(px, cfg);
+    REQUIRE(reload().code() == 200);
+    CHECK(post() == 502);
+    CHECK(backend.count() == 3);
+  }
+
   TEST_CASE("tls upstream: bad settings and files exit 2 naming the field and the file") {
     const Certs& c = certs();
     TempDir dir("fencegate-tls-up-bad");
