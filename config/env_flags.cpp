@@ -29,8 +29,8 @@ std::set<std::string> serve_flags() {
   std::set<std::string> known = {"--config",         "--upstream",           "--resource",          "--mode",
                                  "--authority-etcd", "--authority-election", "--authority-grace-ms"};
   // TLS to the upstream (issue 27): the flag-only route's https:// settings.
-  for (const char* f : {"--upstream-ca", "--upstream-cert", "--upstream-key", "--upstream-server-name",
-                        "--upstream-verify"})
+  for (const char* f :
+       {"--upstream-ca", "--upstream-cert", "--upstream-key", "--upstream-server-name", "--upstream-verify"})
     known.insert(f);
   for (const NumField& f : kNumFields) known.insert(flag_of(f.key));
   for (const StrField& f : kStrFields) known.insert(flag_of(f.key));
@@ -219,14 +219,16 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
   const std::pair<const char*, std::string Route::*> up_tls_keys[] = {{"upstream_ca", &Route::upstream_ca},
                                                                       {"upstream_cert", &Route::upstream_cert},
                                                                       {"upstream_key", &Route::upstream_key},
-                                                                      {"upstream_server_name", &Route::upstream_server_name}};
+                                                                      {"upstream_server_name",
+                                                                       &Route::upstream_server_name}};
   std::map<std::string, Given> up_tls;  // "upstream_ca" -> its flag or variable
   for (const auto& [key, _] : up_tls_keys)
     if (auto g = chosen(key)) up_tls[key] = *g;
   if (auto g = chosen("upstream_verify")) up_tls["upstream_verify"] = *g;
   if (config_file) {
     for (const auto& [key, g] : up_tls)
-      errors.push_back(g.source + ": cannot be combined with " + config_file->source + " (each route in the config file sets its own " + key + ")");
+      errors.push_back(g.source + ": cannot be combined with " + config_file->source +
+                       " (each route in the config file sets its own " + key + ")");
     if (upstream) {
       errors.push_back(upstream->source + ": cannot be combined with " + config_file->source +
                        " (routes, and their upstreams, come from the config file)");

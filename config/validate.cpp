@@ -185,12 +185,14 @@ void check_tls(const Config& c, std::vector<std::string>& errors) {
 // files they name must be there now (whether they parse, and a key matches its certificate, is
 // checked where the context is built, proxy/tls_upstream.cpp, with the same exit code).
 void check_upstream_tls(const Route& r, const std::string& name, std::vector<std::string>& errors) {
-  const std::pair<const char*, const std::string*> files[] = {
-      {"upstream_ca", &r.upstream_ca}, {"upstream_cert", &r.upstream_cert}, {"upstream_key", &r.upstream_key}};
+  const std::pair<const char*, const std::string*> files[] = {{"upstream_ca", &r.upstream_ca},
+                                                              {"upstream_cert", &r.upstream_cert},
+                                                              {"upstream_key", &r.upstream_key}};
   if (!r.upstream_tls) {
     if (r.upstream.empty()) return;
     for (const auto& [key, v] : files)
-      if (!v->empty()) errors.push_back(name + "." + key + ": only for an https:// upstream (got " + quote(r.upstream) + ")");
+      if (!v->empty())
+        errors.push_back(name + "." + key + ": only for an https:// upstream (got " + quote(r.upstream) + ")");
     if (!r.upstream_server_name.empty())
       errors.push_back(name + ".upstream_server_name: only for an https:// upstream (got " + quote(r.upstream) + ")");
     if (!r.upstream_verify)

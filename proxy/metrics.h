@@ -105,8 +105,9 @@ class Metrics {
 
   // TLS to the upstream (issue 27): failed upstream handshakes, by reason class
   // (fencegate_upstream_tls_failures_total{reason}; upstream_tls_failure() in tls_upstream.h).
-  static constexpr std::array<std::string_view, 6> kUpstreamTlsFailureReasons = {
-      "unknown-ca", "name-mismatch", "expired", "certificate-invalid", "timeout", "handshake-failed"};
+  static constexpr std::array<std::string_view, 6> kUpstreamTlsFailureReasons = {"unknown-ca", "name-mismatch",
+                                                                                 "expired",    "certificate-invalid",
+                                                                                 "timeout",    "handshake-failed"};
   std::array<std::atomic<std::uint64_t>, kUpstreamTlsFailureReasons.size()> upstream_tls_failures{};
   void count_upstream_tls_failure(std::string_view reason) {
     std::size_t i = 0;

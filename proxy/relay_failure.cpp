@@ -117,9 +117,8 @@ task<bool> Session::upstream_failed(Forwarding& fw, boost::system::error_code e,
   const char* tls_failure = std::string_view(stage) == "connect" && !x.aborted ? sc_->tls_failure : nullptr;
   if (tls_failure) {
     rt_.metrics.count_upstream_tls_failure(tls_failure);
-    log::warn("upstream TLS handshake failed",
-              {log::kv("upstream", fw.route.upstream), log::kv("reason", tls_failure),
-               log::kv("error", sc_->tls_detail)});
+    log::warn("upstream TLS handshake failed", {log::kv("upstream", fw.route.upstream), log::kv("reason", tls_failure),
+                                                log::kv("error", sc_->tls_detail)});
     sc_->problem = Problem{502, "upstream-error", "Bad gateway",
                            std::string("upstream ") + fw.route.upstream + ": TLS handshake failed (" + tls_failure +
                                "): " + sc_->tls_detail};

@@ -7,6 +7,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include "common/log.h"
 
 namespace fencegate::proxy {
@@ -126,9 +129,9 @@ task<void> pump_out(std::shared_ptr<Origin> o) {
 task<bool> originate_tls(net::io_context& ioc, UpConn& up, const std::shared_ptr<const UpstreamTls>& tls,
                          boost::system::error_code& ec, TlsFailure* why) {
   ec.clear();
-  SSL* ssl = tls->new_ssl();
-  if (!ssl || SSL_set_fd(ssl, up.sock.native_handle()) != 1) {
-    if (ssl) SSL_free(ssl);
+  // Freed on every way out, also when the frame is destroyed while suspended (a stop).
+  std::unique_ptr<SSL, void (*)(SSL*)> ssl(tls->new_ssl(), SSL_free);
+  if (!ssl || SSL_set_fd(ssl.get(), up.sock.native_handle()) != 1) {
     why->reason = "handshake-failed";
     why->detail = "cannot create a TLS connection";
     ec = net::error::no_memory;
@@ -140,35 +143,35 @@ task<bool> originate_tls(net::io_context& ioc, UpConn& up, const std::shared_ptr
   bool ok = false;
   while (!ec) {
     ERR_clear_error();
-    const int r = SSL_connect(ssl);
+    const int r = SSL_connect(ssl.get());
     if (r == 1) {
       ok = true;
       break;
     }
-    const int e = SSL_get_error(ssl, r);
+    const int saved_errno = errno;
+    const int e = SSL_get_error(ssl.get(), r);
     if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
       err = ERR_peek_last_error();
-      if (e == SSL_ERROR_SYSCALL && errno != 0 && err == 0) why->detail = std::strerror(errno);
+      if (e == SSL_ERROR_SYSCALL && saved_errno != 0 && err == 0) why->detail = std::strerror(saved_errno);
       break;
     }
     co_await wait_for(up.sock, e, ec);
   }
   if (!ok) {
     if (!ec) {
-      why->reason = upstream_tls_failure(ssl, err, &why->detail);
-      ec = net::error::connection_refused;  // overwritten by the caller's message; any error will do
+      why->reason = upstream_tls_failure(ssl.get(), err, &why->detail);
+      ec = net::error::connection_refused;  // the caller answers with why's words; any error will do
     }
     ERR_clear_error();
-    SSL_free(ssl);
     co_return false;
   }
   // The socketpair the relay talks plaintext on.
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) {
+    const int saved_errno = errno;
     why->reason = "handshake-failed";
-    why->detail = std::string("socketpair: ") + std::strerror(errno);
-    ec.assign(errno, boost::system::system_category());
-    SSL_free(ssl);
+    why->detail = std::string("socketpair: ") + std::strerror(saved_errno);
+    ec.assign(saved_errno, boost::system::system_category());
     co_return false;
   }
   Socket inner(ioc.get_executor()), relay_end(ioc.get_executor());
@@ -181,10 +184,9 @@ task<bool> originate_tls(net::io_context& ioc, UpConn& up, const std::shared_ptr
     why->reason = "handshake-failed";
     why->detail = "cannot use the socketpair";
     ec = e1 ? e1 : e2;
-    SSL_free(ssl);
     co_return false;
   }
-  auto o = std::make_shared<Origin>(std::move(up.sock), std::move(inner), ssl, tls);
+  auto o = std::make_shared<Origin>(std::move(up.sock), std::move(inner), ssl.release(), tls);
   up.sock = std::move(relay_end);
   up.tls = tls;
   net::co_spawn(ioc, pump_in(o), net::detached);

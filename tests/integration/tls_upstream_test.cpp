@@ -53,8 +53,8 @@ class Nginx {
     }
     const std::string d = dir_.path();
     write_file(dir_.file("nginx.conf"),
-               "daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log " + d + "/error.log info;\npid " +
-                   d + "/nginx.pid;\nevents { worker_connections 256; }\nhttp {\n  access_log " + d +
+               "daemon off;\nmaster_process off;\nworker_processes 1;\nerror_log " + d + "/error.log info;\npid " + d +
+                   "/nginx.pid;\nevents { worker_connections 256; }\nhttp {\n  access_log " + d +
                    "/access.log;\n  client_body_temp_path " + d + "/body;\n  proxy_temp_path " + d +
                    "/proxy;\n  fastcgi_temp_path " + d + "/fastcgi;\n  uwsgi_temp_path " + d +
                    "/uwsgi;\n  scgi_temp_path " + d +
@@ -101,8 +101,8 @@ struct Curl {
 };
 
 Curl curl(std::uint16_t port, const std::string& method, const std::string& path, std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv{tool("curl"), "-sS", "--max-time",     "20", "--cacert", certs().f("ca.crt"),
-                                "-X",         method, "-o",            "-",  "-w",       "\n%{http_code}"};
+  std::vector<std::string> argv{tool("curl"), "-sS",  "--max-time", "20", "--cacert", certs().f("ca.crt"),
+                                "-X",         method, "-o",         "-",  "-w",       "\n%{http_code}"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   argv.push_back("https://127.0.0.1:" + std::to_string(port) + path);
   CommandResult r = run_command(argv, 30s);
@@ -273,10 +273,10 @@ TEST_SUITE("tls_upstream") {
     INFO(nginx.log());
     REQUIRE(nginx.ok());
     ProxySpec spec;
-    spec.config = config_with_routes(
-        {tls_route("/with/", nginx.url(Nginx::mtls), "with",
-                   {{"upstream_cert", c.f("client.crt")}, {"upstream_key", c.f("client.key")}}),
-         tls_route("/without/", nginx.url(Nginx::mtls), "without")});
+    spec.config =
+        config_with_routes({tls_route("/with/", nginx.url(Nginx::mtls), "with",
+                                      {{"upstream_cert", c.f("client.crt")}, {"upstream_key", c.f("client.key")}}),
+                            tls_route("/without/", nginx.url(Nginx::mtls), "without")});
     Proxy px(spec);
     FG_LOG_ON_FAILURE(px);
     FG_START(px);
@@ -396,8 +396,8 @@ TEST_SUITE("tls_upstream") {
     const Certs& c = certs();
     TempDir dir("fencegate-tls-up-bad");
     auto serve = [&](const std::string& upstream, std::vector<std::string> more) {
-      std::vector<std::string> argv{kFencegate,   "serve",  "--listen", "127.0.0.1:0", "--admin-listen",
-                                    "127.0.0.1:0", "--db",  dir.file("fence.db"), "--upstream", upstream};
+      std::vector<std::string> argv{kFencegate,    "serve", "--listen",           "127.0.0.1:0", "--admin-listen",
+                                    "127.0.0.1:0", "--db",  dir.file("fence.db"), "--upstream",  upstream};
       argv.insert(argv.end(), more.begin(), more.end());
       return run_command(argv, 20s);
     };
