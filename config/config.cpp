@@ -109,6 +109,23 @@ std::string parse_upstream(std::string_view url, Endpoint& out) {
   return parse_endpoint(rest.substr(0, slash), out, 80);
 }
 
+// TLS to the upstream (issue 27): https:// as http://, with 443 for the default port.
+std::string parse_route_upstream(std::string_view url, Endpoint& out, bool* tls) {
+  *tls = lower(url).rfind("https://", 0) == 0;
+  if (!*tls) return parse_upstream(url, out);
+  const std::string rest(url.substr(8));
+  std::string e = parse_upstream("http://" + rest, out);
+  if (!e.empty()) {
+    if (auto at = e.find("http://" + rest); at != std::string::npos) e.replace(at, 7 + rest.size(), url);
+    return e;
+  }
+  const std::string authority = rest.substr(0, rest.find('/'));
+  const auto colon = authority.rfind(':');
+  if (colon == std::string::npos || authority.back() == ']' || authority.find(']', colon) != std::string::npos)
+    out.port = 443;  // no port given
+  return {};
+}
+
 // --- Field tables: one row per scalar setting, shared by the JSON, env and flag loaders. ---
 
 #define FG_SIZE_FIELD(name, lo, hi, help)                                                  \
@@ -654,7 +671,8 @@ std::string serve_usage() {
        "\n"
        "Routing:\n"
        "  --config FILE          JSON config file with routes and settings      env FENCEGATE_CONFIG\n"
-       "  --upstream URL         flag-only form: one route \"/\" to http://host[:port]\n"
+       "  --upstream URL         flag-only form: one route \"/\" to http://host[:port] or\n"
+       "                         https://host[:port] (port 443 by default)\n"
        "                                                                        env FENCEGATE_UPSTREAM\n"
        "  --resource NAME        resource fenced by that route (default \"default\")\n"
        "                                                                        env FENCEGATE_RESOURCE\n"
@@ -667,7 +685,18 @@ std::string serve_usage() {
        "  --authority-grace-ms N while etcd is unreachable, accept the leader for at most N ms\n"
        "                         (if below its lease TTL; default 0 = the TTL), then 503\n"
        "                                                                        env FENCEGATE_AUTHORITY_GRACE_MS\n"
-       "  (--upstream, --resource, --mode and --authority-* cannot be combined with --config: the\n"
+       // TLS to the upstream (issue 27)
+       "  --upstream-ca FILE     https upstream: PEM CAs to verify it with (default: the system's)\n"
+       "                                                                        env FENCEGATE_UPSTREAM_CA\n"
+       "  --upstream-cert FILE   https upstream: client certificate chain (PEM), with --upstream-key\n"
+       "                                                                        env FENCEGATE_UPSTREAM_CERT\n"
+       "  --upstream-key FILE    https upstream: the client certificate's private key (PEM)\n"
+       "                                                                        env FENCEGATE_UPSTREAM_KEY\n"
+       "  --upstream-server-name NAME  https upstream: name sent (SNI) and checked (default: its host)\n"
+       "                                                                        env FENCEGATE_UPSTREAM_SERVER_NAME\n"
+       "  --upstream-verify true|false  https upstream: verify its certificate (default true; false\n"
+       "                         logs a warning at start)                       env FENCEGATE_UPSTREAM_VERIFY\n"
+       "  (--upstream, --resource, --mode, --authority-* and --upstream-* cannot be combined with --config: the\n"
        "   file's routes set them.)\n"
        "\n"
        "Settings (each also a JSON key of the same name with '_' for '-'):\n";
@@ -697,7 +726,8 @@ std::string serve_usage() {
        "\n"
        "JSON config file: an object with the keys above (listen, db, threads, ...) and \"routes\",\n"
        "an array of {\"prefix\", \"upstream\", \"resource\", \"mode\", \"write_methods\", \"fence_reads\",\n"
-       "\"authority\"}.\n"
+       "\"authority\"}; an https:// upstream also takes \"upstream_ca\", \"upstream_cert\", \"upstream_key\",\n"
+       "\"upstream_server_name\" and \"upstream_verify\" (docs/tls.md).\n"
        "prefix and upstream are required; resource defaults to \"default\", mode to \"enforce\",\n"
        "write_methods to [\"POST\",\"PUT\",\"PATCH\",\"DELETE\"], fence_reads to false. A prefix may\n"
        "capture whole path segments, e.g. \"/tenants/{tenant}/\" with resource \"tenant-{tenant}\";\n"

@@ -71,8 +71,8 @@ struct Idempotency {
 
 struct Route {
   std::string prefix;      // as configured, e.g. "/tenants/{tenant}/"
-  std::string upstream;    // as configured, e.g. "http://127.0.0.1:9000"
-  Endpoint upstream_addr;  // parsed from upstream (only http:// is supported)
+  std::string upstream;    // as configured, e.g. "http://127.0.0.1:9000" or "https://api.example.com"
+  Endpoint upstream_addr;  // parsed from upstream (http://, or https:// with the fields below)
   std::string resource = "default";  // template, e.g. "tenant-{tenant}" (captures must exist in prefix)
   Mode mode = Mode::enforce;
   std::vector<std::string> write_methods{"POST", "PUT", "PATCH", "DELETE"};  // upper-case tokens
@@ -91,6 +91,13 @@ struct Route {
   // TLS (issue 27): the verified client identities that may send requests through this route
   // (exact, or "prefix*"); empty: anyone. Others get 403 client-not-allowed (docs/tls.md).
   std::vector<std::string> allowed_clients;
+
+  // TLS to the upstream (issue 27, docs/tls.md "The upstream"): an "https://" upstream. Verified by
+  // default (against upstream_ca, else the system's CAs; the name is upstream_server_name, else the
+  // upstream's host); upstream_cert/upstream_key: a client certificate for an upstream that asks.
+  bool upstream_tls = false;  // set by validate(): the upstream is https://
+  std::string upstream_ca, upstream_cert, upstream_key, upstream_server_name;
+  bool upstream_verify = true;  // false only when set explicitly (a warning at start)
 
   // Returns true iff `method` (case-sensitive, as on the wire) is fenced on this route.
   bool is_fenced(std::string_view method) const;

@@ -291,6 +291,17 @@ Route parse_route(const json& j, const std::string& path, std::vector<std::strin
       r.allowed_clients.clear();
       for (std::size_t i = 0; i < v.size(); ++i)
         if (get_string(v[i], fp + "[" + std::to_string(i) + "]", s, errors)) r.allowed_clients.push_back(s);
+    } else if (key == "upstream_ca" || key == "upstream_cert" || key == "upstream_key" ||
+               key == "upstream_server_name") {  // TLS to the upstream (issue 27)
+      get_string(v, fp,
+                 key == "upstream_ca"     ? r.upstream_ca
+                 : key == "upstream_cert" ? r.upstream_cert
+                 : key == "upstream_key"  ? r.upstream_key
+                                          : r.upstream_server_name,
+                 errors);
+    } else if (key == "upstream_verify") {  // TLS to the upstream (issue 27)
+      if (v.is_boolean()) r.upstream_verify = v.get<bool>();
+      else errors.push_back(fp + ": must be true or false (got " + got(v) + ")");
     } else if (key == "idempotency") {  // issue 30
       r.idempotency = parse_idempotency(v, fp, errors);
     } else if (key == "new_resources") {

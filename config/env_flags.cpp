@@ -28,6 +28,10 @@ const char* process_env(const char* name) { return std::getenv(name); }
 std::set<std::string> serve_flags() {
   std::set<std::string> known = {"--config",         "--upstream",           "--resource",          "--mode",
                                  "--authority-etcd", "--authority-election", "--authority-grace-ms"};
+  // TLS to the upstream (issue 27): the flag-only route's https:// settings.
+  for (const char* f :
+       {"--upstream-ca", "--upstream-cert", "--upstream-key", "--upstream-server-name", "--upstream-verify"})
+    known.insert(f);
   for (const NumField& f : kNumFields) known.insert(flag_of(f.key));
   for (const StrField& f : kStrFields) known.insert(flag_of(f.key));
   for (const SectionField& f : kSectionFields) known.insert(flag_of(f.key));
@@ -211,7 +215,20 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
   auto auth_etcd = chosen("authority_etcd");
   auto auth_election = chosen("authority_election");
   auto auth_grace = chosen("authority_grace_ms");
+  // TLS to the upstream (issue 27): the flag-only route's upstream_* settings.
+  const std::pair<const char*, std::string Route::*> up_tls_keys[] = {{"upstream_ca", &Route::upstream_ca},
+                                                                      {"upstream_cert", &Route::upstream_cert},
+                                                                      {"upstream_key", &Route::upstream_key},
+                                                                      {"upstream_server_name",
+                                                                       &Route::upstream_server_name}};
+  std::map<std::string, Given> up_tls;  // "upstream_ca" -> its flag or variable
+  for (const auto& [key, _] : up_tls_keys)
+    if (auto g = chosen(key)) up_tls[key] = *g;
+  if (auto g = chosen("upstream_verify")) up_tls["upstream_verify"] = *g;
   if (config_file) {
+    for (const auto& [key, g] : up_tls)
+      errors.push_back(g.source + ": cannot be combined with " + config_file->source +
+                       " (each route in the config file sets its own " + key + ")");
     if (upstream) {
       errors.push_back(upstream->source + ": cannot be combined with " + config_file->source +
                        " (routes, and their upstreams, come from the config file)");
@@ -276,6 +293,13 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
         r.authority = std::move(a);
       }
     }
+    for (const auto& [key, member] : up_tls_keys)  // TLS to the upstream (issue 27)
+      if (auto it = up_tls.find(key); it != up_tls.end()) r.*member = it->second.value;
+    if (auto it = up_tls.find("upstream_verify"); it != up_tls.end()) {
+      const std::string& v = it->second.value;
+      if (v == "true" || v == "false") r.upstream_verify = v == "true";
+      else errors.push_back(it->second.source + ": must be true or false (got " + quote(v) + ")");
+    }
     c.routes.push_back(std::move(r));
   }
 
@@ -306,7 +330,13 @@ LoadResult load_serve(const std::vector<std::string>& args, EnvLookup env) {
              {std::pair{"routes[0].upstream: ", upstream}, std::pair{"routes[0].resource: ", resource},
               std::pair{"routes[0].authority.etcd", auth_etcd},
               std::pair{"routes[0].authority.election: ", auth_election},
-              std::pair{"routes[0].authority.grace_ms: ", auth_grace}}) {
+              std::pair{"routes[0].authority.grace_ms: ", auth_grace},
+              // TLS to the upstream (issue 27)
+              std::pair{"routes[0].upstream_ca: ", chosen("upstream_ca")},
+              std::pair{"routes[0].upstream_cert: ", chosen("upstream_cert")},
+              std::pair{"routes[0].upstream_key: ", chosen("upstream_key")},
+              std::pair{"routes[0].upstream_server_name: ", chosen("upstream_server_name")},
+              std::pair{"routes[0].upstream_verify: ", chosen("upstream_verify")}}) {
           std::string_view f = field;
           if (given && errors[i].rfind(f, 0) == 0) {
             // "routes[0].authority.etcd[1]: ..." -> "--authority-etcd: ..." (the message quotes the URL).

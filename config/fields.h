@@ -26,6 +26,9 @@ std::string parse_endpoint(std::string_view s, Endpoint& out, int default_port =
 
 // Parses "http://host[:port][/]". Returns an empty string on success, else the reason.
 std::string parse_upstream(std::string_view url, Endpoint& out);
+// A route's upstream (issue 27): "http://host[:port][/]" or "https://host[:port][/]" (port 443 by
+// default); *tls says which. Returns an empty string on success, else the reason.
+std::string parse_route_upstream(std::string_view url, Endpoint& out, bool* tls);
 
 // --- Field tables: one row per scalar setting, shared by the JSON, env and flag loaders. ---
 

@@ -249,6 +249,38 @@ void check_tls(const Config& c, std::vector<std::string>& errors) {
   }
 }
 
+// TLS to the upstream (issue 27): the upstream_* settings belong to an https:// upstream, and the
+// files they name must be there now (whether they parse, and a key matches its certificate, is
+// checked where the context is built, proxy/tls_upstream.cpp, with the same exit code).
+void check_upstream_tls(const Route& r, const std::string& name, std::vector<std::string>& errors) {
+  const std::pair<const char*, const std::string*> files[] = {{"upstream_ca", &r.upstream_ca},
+                                                              {"upstream_cert", &r.upstream_cert},
+                                                              {"upstream_key", &r.upstream_key}};
+  if (!r.upstream_tls) {
+    if (r.upstream.empty()) return;
+    for (const auto& [key, v] : files)
+      if (!v->empty())
+        errors.push_back(name + "." + key + ": only for an https:// upstream (got " + quote(r.upstream) + ")");
+    if (!r.upstream_server_name.empty())
+      errors.push_back(name + ".upstream_server_name: only for an https:// upstream (got " + quote(r.upstream) + ")");
+    if (!r.upstream_verify)
+      errors.push_back(name + ".upstream_verify: only for an https:// upstream (got " + quote(r.upstream) + ")");
+    return;
+  }
+  for (const auto& [key, v] : files)
+    if (!v->empty()) check_readable(name + "." + key, *v, errors);
+  if (r.upstream_cert.empty() != r.upstream_key.empty())
+    errors.push_back(name + (r.upstream_cert.empty() ? ".upstream_cert" : ".upstream_key") +
+                     ": upstream_cert and upstream_key go together (a client certificate and its private key)");
+  const std::string& sn = r.upstream_server_name;
+  if (!sn.empty() && (sn.size() > 253 || sn.find_first_of(" \t\r\n/:@[]") != std::string::npos ||
+                      !std::all_of(sn.begin(), sn.end(), [](char ch) {
+                        auto u = static_cast<unsigned char>(ch);
+                        return u > 0x20 && u < 0x7f;
+                      })))
+    errors.push_back(name + ".upstream_server_name: not a host name (got " + quote(sn) + ")");
+}
+
 }  // namespace
 
 void validate(Config& c, std::vector<std::string>& errors) {
@@ -371,9 +403,10 @@ void validate(Config& c, std::vector<std::string>& errors) {
     }
     if (r.upstream.empty()) {
       errors.push_back(name + ".upstream: required");
-    } else if (auto e = parse_upstream(r.upstream, r.upstream_addr); !e.empty()) {
+    } else if (auto e = parse_route_upstream(r.upstream, r.upstream_addr, &r.upstream_tls); !e.empty()) {
       errors.push_back(name + ".upstream: " + e);
     }
+    check_upstream_tls(r, name, errors);  // TLS to the upstream (issue 27)
     if (r.write_methods.empty()) {
       errors.push_back(name + ".write_methods: must list at least one method");
     }

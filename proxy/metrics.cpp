@@ -209,6 +209,12 @@ void Metrics::render(std::string& out) const {
   for (std::size_t i = 0; i < kTlsFailureReasons.size(); ++i)
     out += "fencegate_tls_handshake_failures_total{reason=\"" + std::string(kTlsFailureReasons[i]) + "\"} " +
            std::to_string(tls_handshake_failures[i].load()) + "\n";
+  // TLS to the upstream (issue 27)
+  out += "# HELP fencegate_upstream_tls_failures_total Failed TLS handshakes with https upstreams (502), by reason.\n";
+  out += "# TYPE fencegate_upstream_tls_failures_total counter\n";
+  for (std::size_t i = 0; i < kUpstreamTlsFailureReasons.size(); ++i)
+    out += "fencegate_upstream_tls_failures_total{reason=\"" + std::string(kUpstreamTlsFailureReasons[i]) + "\"} " +
+           std::to_string(upstream_tls_failures[i].load()) + "\n";
 }
 
 }  // namespace fencegate::proxy

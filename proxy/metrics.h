@@ -103,6 +103,18 @@ class Metrics {
     tls_handshake_failures[i].fetch_add(1, std::memory_order_relaxed);
   }
 
+  // TLS to the upstream (issue 27): failed upstream handshakes, by reason class
+  // (fencegate_upstream_tls_failures_total{reason}; upstream_tls_failure() in tls_upstream.h).
+  static constexpr std::array<std::string_view, 6> kUpstreamTlsFailureReasons = {"unknown-ca", "name-mismatch",
+                                                                                 "expired",    "certificate-invalid",
+                                                                                 "timeout",    "handshake-failed"};
+  std::array<std::atomic<std::uint64_t>, kUpstreamTlsFailureReasons.size()> upstream_tls_failures{};
+  void count_upstream_tls_failure(std::string_view reason) {
+    std::size_t i = 0;
+    while (i + 1 < kUpstreamTlsFailureReasons.size() && kUpstreamTlsFailureReasons[i] != reason) ++i;
+    upstream_tls_failures[i].fetch_add(1, std::memory_order_relaxed);
+  }
+
   void count(std::string_view name, IdemOutcome o) {  // issue 30
     resource(name)->idem[static_cast<int>(o)].fetch_add(1, std::memory_order_relaxed);
   }

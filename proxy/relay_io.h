@@ -23,6 +23,7 @@
 #include "proxy/framing.h"
 #include "proxy/head.h"
 #include "proxy/readiness.h"
+#include "proxy/tls_upstream.h"
 
 namespace fencegate::proxy {
 
@@ -104,6 +105,9 @@ struct UpConn {
   // This exchange's upstream began a success answer before it had the whole request (it streams
   // while it reads): the rest of the request goes on, and is not watched for an answer again.
   bool duplex = false;
+  // TLS to the upstream (issue 27): an https:// upstream's context; `sock` is then our end of the
+  // socketpair to its TLS connection (proxy/tls_origin.h). Null for http://.
+  std::shared_ptr<const UpstreamTls> tls;
 };
 
 // Hop-by-hop fields of RFC 9110 7.6.1 (Connection, Keep-Alive, Proxy-Connection, TE, Trailer,
@@ -176,9 +180,10 @@ struct Decimal {
   std::size_t len;
 };
 
-// "host:port" of an upstream URL as configured ("http://host:port", perhaps with a path).
+// "host:port" of an upstream URL as configured ("http://host:port" or "https://...", perhaps with a path).
 inline std::string_view upstream_authority(std::string_view url) {
   if (url.substr(0, 7) == "http://") url.remove_prefix(7);
+  else if (url.substr(0, 8) == "https://") url.remove_prefix(8);  // TLS to the upstream (issue 27)
   return url.substr(0, url.find('/'));
 }
 

@@ -44,7 +44,8 @@ bool resolve(const config::Endpoint& ep, std::vector<UpstreamAddr>* out, std::st
 
 }  // namespace
 
-std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const config::Config> cfg, std::string* error) {
+std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const config::Config> cfg, std::string* error,
+                                              bool* tls_error) {
   auto snap = std::make_shared<Snapshot>(cfg);
   for (std::size_t i = 0; i < cfg->routes.size(); ++i) {
     const auto& r = cfg->routes[i];
@@ -55,6 +56,20 @@ std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const config::Conf
       return nullptr;
     }
     snap->upstreams.push_back(std::move(addrs));
+    // TLS to the upstream (issue 27): one client context per https:// route, built here only.
+    std::shared_ptr<const UpstreamTls> tls;
+    if (r.upstream_tls) {
+      const std::string field = "routes[" + std::to_string(i) + "]";
+      tls = UpstreamTls::build(r, field, error);
+      if (!tls) {
+        if (tls_error) *tls_error = true;
+        return nullptr;
+      }
+      if (!r.upstream_verify)
+        log::warn("upstream_verify is false: the upstream's certificate and name are not checked",
+                  {log::kv("route", field), log::kv("upstream", r.upstream)});
+    }
+    snap->upstream_tls.push_back(std::move(tls));
   }
   return snap;
 }
@@ -93,6 +108,9 @@ std::vector<std::string> Runtime::reload() {
   recount_routes(fence, *next);
   store.set_retention(static_cast<std::int64_t>(next->cfg->audit.max_age.count()) * 1000, next->cfg->audit.max_rows);
   install(next);
+  // TLS to the upstream (issue 27): connections made under the old contexts leave the pools.
+  for (const auto& t : current->upstream_tls)
+    if (t) t->retire();
   metrics.reloads.fetch_add(1);
   log::info("config reloaded",
             {log::kv("routes", next->cfg->routes.size()), log::kv("config", next->cfg->config_file)});

@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "config/router.h"
 #include "common/log.h"
+#include "proxy/tls_upstream.h"
 
 namespace fencegate::store {
 class Store;
@@ -39,6 +40,9 @@ struct Snapshot {
   std::shared_ptr<const config::Config> cfg;
   config::Router router;                            // points into cfg->routes
   std::vector<std::vector<UpstreamAddr>> upstreams; // resolved, by route index
+  // TLS to the upstream (issue 27): the client context of each https:// route (else nullptr), by
+  // route index, built with the snapshot (at start and at each reload).
+  std::vector<std::shared_ptr<const UpstreamTls>> upstream_tls;
   std::size_t route_index(const config::Route* r) const { return static_cast<std::size_t>(r - cfg->routes.data()); }
 };
 
@@ -46,8 +50,11 @@ struct Snapshot {
 // start and after each reload.
 void recount_routes(Fence& fence, const Snapshot& snap);
 
-// Resolves every route's upstream; returns nullptr and sets *error if one cannot be resolved.
-std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const config::Config> cfg, std::string* error);
+// Resolves every route's upstream and builds the TLS contexts of https:// upstreams; returns
+// nullptr and sets *error if one cannot be resolved or a TLS file does not load (then *tls_error,
+// if given, is set: a start exits 2 for it).
+std::shared_ptr<const Snapshot> make_snapshot(std::shared_ptr<const config::Config> cfg, std::string* error,
+                                              bool* tls_error = nullptr);
 
 class Runtime {
  public:

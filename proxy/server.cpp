@@ -134,10 +134,12 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   raise_fd_limit(cfg->max_connections);
 
   std::string err;
-  std::shared_ptr<const Snapshot> snap = make_snapshot(cfg, &err);
+  bool tls_error = false;  // TLS to the upstream (issue 27): a file that does not load exits 2
+  std::shared_ptr<const Snapshot> snap = make_snapshot(cfg, &err, &tls_error);
   if (!snap) {
     log::error("cannot start", {log::kv("error", err)});
-    return 1;
+    if (tls_error) std::fprintf(stderr, "fencegate serve: %s\n", err.c_str());
+    return tls_error ? 2 : 1;
   }
   std::unique_ptr<store::Store> store = store::Store::open(cfg->db, &err);
   if (!store) {

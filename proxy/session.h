@@ -313,6 +313,7 @@ class Session {
   task<std::unique_ptr<UpConn>> connect_upstream(const config::Route& route, std::shared_ptr<Exchange>& ex,
                                                  boost::system::error_code& ec);
   void give_back(const config::Route& route, std::unique_ptr<UpConn> c);
+  const std::string& pool_key(const config::Route& route) const;  // issue 27: per TLS context
 
   // Deadline of what the session is about to wait for (none: Clock::time_point::max()).
   void arm(std::chrono::milliseconds t) { deadline_ = Clock::now() + t; }

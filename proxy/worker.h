@@ -85,6 +85,10 @@ struct Scratch {
   // Built here, not as temporaries inside a co_await expression: those would each take a slot
   // in the request coroutine's frame (GCC keeps them across the suspension).
   Problem problem{0, {}, {}, {}};
+  // TLS to the upstream (issue 27): why this request's upstream handshake failed (reason class, or
+  // nullptr) and OpenSSL's words for it, for upstream_failed().
+  const char* tls_failure = nullptr;
+  std::string tls_detail;
 };
 
 // The result of the last lookup by name, kept: nearly every request of a worker goes to the
@@ -143,6 +147,8 @@ struct Worker {
       std::size_t n = 0;
       while (pool.size() - n > pool_keep && now - pool[n]->idle_since >= kPoolBurstIdle) ++n;
       if (n) pool.erase(pool.begin(), pool.begin() + static_cast<std::ptrdiff_t>(n));
+      // TLS to the upstream (issue 27): a reload replaced the context these were made with.
+      if (!pool.empty() && pool.front()->tls && pool.front()->tls->retired()) pool.clear();
     }
   }
   // The idle pool of an upstream.

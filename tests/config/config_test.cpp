@@ -286,8 +286,7 @@ TEST_CASE("route validation") {
                   "routes[1].prefix: must start with \"/\" (got \"x/\")"));
   CHECK(has_error(errs(R"({"prefix": "/", "upstream": "http://h:2"})"),
                   "routes[1].prefix: same as routes[0].prefix (\"/\")"));
-  CHECK(has_error(errs(R"({"prefix": "/x/", "upstream": "https://h:1"})"),
-                  "routes[1].upstream: only http:// upstreams are supported (got \"https://h:1\")"));
+  CHECK(has_error_starting(errs(R"({"prefix": "/x/", "upstream": "ftp://h:1"})"), "routes[1].upstream: expected"));
   CHECK(has_error_starting(errs(R"({"prefix": "/x/", "upstream": "h:1"})"), "routes[1].upstream: expected"));
   CHECK(has_error(errs(R"({"prefix": "/x/", "upstream": "http://u:p@h:1"})"),
                   "routes[1].upstream: userinfo (\"user@\") is not allowed"));
@@ -504,8 +503,8 @@ TEST_CASE("flag errors name the flag") {
   CHECK(has_error_starting(r, "unexpected argument \"stray\""));
   CHECK(has_error(r, "--db: missing value"));
 
-  auto u = load_serve({"--upstream", "https://h"}, empty_env);
-  CHECK(has_error(u, "--upstream: only http:// upstreams are supported (got \"https://h\")"));
+  auto u = load_serve({"--upstream", "ftp://h"}, empty_env);
+  CHECK(has_error_starting(u, "--upstream: expected"));
   auto res = load_serve({"--upstream", "http://h", "--resource", "a b"}, empty_env);
   CHECK(has_error_starting(res, "--resource: character ' ' not allowed"));
   auto missing = load_serve({"--listen", "--db", "x"}, empty_env);
@@ -1289,4 +1288,48 @@ TEST_CASE("fleet: the JSON block, the flags, and errors that name the field") {
     "fleet": {"etcd": ["http://h:1"], "name": "x"}})");
   CHECK_FALSE(missing.config);
   CHECK(joined(missing.errors).find("fleet.member: required") != std::string::npos);
+}
+
+// TLS to the upstream (issue 27): https:// routes and their upstream_* settings.
+TEST_CASE("https upstreams: default port 443, the upstream_* keys and flags, and their errors") {
+  auto ok = load_json(R"({"routes": [{"prefix": "/", "upstream": "https://api.example.com"},
+    {"prefix": "/b/", "upstream": "https://[::1]:8443/", "upstream_server_name": "b.example",
+     "upstream_verify": false}]})");
+  REQUIRE_MESSAGE(ok.config, joined(ok.errors));
+  const auto& r0 = ok.config->routes[0];
+  CHECK(r0.upstream_tls);
+  CHECK(r0.upstream_addr.port == 443);
+  CHECK(r0.upstream_verify);
+  const auto& r1 = ok.config->routes[1];
+  CHECK(r1.upstream_addr.port == 8443);
+  CHECK(r1.upstream_server_name == "b.example");
+  CHECK_FALSE(r1.upstream_verify);
+  auto ipv6 = load_json(R"({"routes": [{"prefix": "/", "upstream": "https://[::1]"}]})");
+  REQUIRE_MESSAGE(ipv6.config, joined(ipv6.errors));
+  CHECK(ipv6.config->routes[0].upstream_addr.port == 443);
+
+  auto bad = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1", "upstream_ca": "/x"},
+    {"prefix": "/b/", "upstream": "https://h", "upstream_cert": "/nonexistent/c.crt", "upstream_verify": "no"},
+    {"prefix": "/c/", "upstream": "https://h", "upstream_server_name": "a b"}]})");
+  CHECK_FALSE(bad.config);
+  CHECK(has_error(bad, "routes[0].upstream_ca: only for an https:// upstream (got \"http://h:1\")"));
+  CHECK(has_error_starting(bad, "routes[1].upstream_cert: cannot read /nonexistent/c.crt"));
+  CHECK(has_error_starting(bad, "routes[1].upstream_key: upstream_cert and upstream_key go together"));
+  CHECK(has_error_starting(bad, "routes[1].upstream_verify: must be true or false"));
+  CHECK(has_error_starting(bad, "routes[2].upstream_server_name: not a host name"));
+
+  auto flags = load_serve({"--upstream", "https://h:9443", "--upstream-server-name", "h.example", "--upstream-verify",
+                           "false"},
+                          empty_env);
+  REQUIRE_MESSAGE(flags.config, joined(flags.errors));
+  CHECK(flags.config->routes[0].upstream_tls);
+  CHECK(flags.config->routes[0].upstream_addr.port == 9443);
+  CHECK(flags.config->routes[0].upstream_server_name == "h.example");
+  CHECK_FALSE(flags.config->routes[0].upstream_verify);
+  auto bad_flags = load_serve({"--upstream", "https://h", "--upstream-verify", "maybe", "--upstream-ca", "/nonexistent/ca"},
+                              empty_env);
+  CHECK(has_error(bad_flags, "--upstream-verify: must be true or false (got \"maybe\")"));
+  CHECK(has_error_starting(bad_flags, "--upstream-ca: cannot read /nonexistent/ca"));
+  auto with_file = load_serve({"--config", "/nonexistent/f.json", "--upstream-ca", "/x"}, empty_env);
+  CHECK(has_error_starting(with_file, "--upstream-ca: cannot be combined with --config"));
 }
