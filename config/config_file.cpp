@@ -157,8 +157,8 @@ Authority parse_authority(const json& j, const std::string& path, std::vector<st
 }
 
 // Issue 30 (idempotency): "idempotency": {"header", "required", "retention", "max_body_bytes",
-// "max_keys", "methods", "scope", "on_unknown", "release_statuses", "unknown_statuses"}; {} turns it on with the defaults. Types and values
-// are checked here; that the methods are fenced on the route, in validate.cpp.
+// "max_keys", "methods", "scope", "on_unknown", "release_statuses", "unknown_statuses"}; {} turns it on with the
+// defaults. Types and values are checked here; that the methods are fenced on the route, in validate.cpp.
 Idempotency parse_idempotency(const json& j, const std::string& path, std::vector<std::string>& errors) {
   Idempotency d;
   if (!j.is_object()) {

@@ -331,7 +331,7 @@ class OwnedStore final : public TestableStore {
     if (rc == SQLITE_ROW) {
       read_key_row(key_select_, &result.existing);
       result.existing.body.assign(static_cast<const char*>(sqlite3_column_blob(key_select_, 12)),
-                                    static_cast<std::size_t>(sqlite3_column_bytes(key_select_, 12)));
+                                  static_cast<std::size_t>(sqlite3_column_bytes(key_select_, 12)));
       live = result.existing.expires_ms > now;
       expired_row = !live;
       rc = SQLITE_DONE;
@@ -346,8 +346,7 @@ class OwnedStore final : public TestableStore {
       return true;
     }
     if (expired_row)  // replaced below: its kept response goes
-      add_bytes(rec.resource, -static_cast<std::int64_t>(result.existing.body.size() +
-                                                           result.existing.headers.size()));
+      add_bytes(rec.resource, -static_cast<std::int64_t>(result.existing.body.size() + result.existing.headers.size()));
     result.existing = KeyRecord{};
     std::int64_t& n = key_counts_[rec.resource];
     if (!expired_row && static_cast<std::uint64_t>(n) >= max_keys) {

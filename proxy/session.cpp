@@ -543,8 +543,8 @@ task<bool> Session::admit_after_wait(RequestState& rq, Exchange& ex, AdmitNow st
     const bool enforce = rq.match.route->mode == Mode::enforce;
     if (enforce && rq.match.route->idempotency && rq.match.route->is_keyed(sc_->head.method))
       if (std::optional<bool> gone = co_await idem_prepare(rq, ex, true)) co_return *gone;
-    const bool now = enforce ? rt_.fence.admit(resource, g, rq.token.leader, &ex.node, &rq.decision, later,
-                                               may_create, rq.idem_rider)
+    const bool now = enforce ? rt_.fence.admit(resource, g, rq.token.leader, &ex.node, &rq.decision, later, may_create,
+                                               rq.idem_rider)
                              : rt_.fence.observe(resource, g, rq.token.leader, &rq.decision, later, may_create);
     if (!now) {
       rq.decision = co_await slot->wait();

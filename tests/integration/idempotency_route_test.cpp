@@ -93,8 +93,8 @@ struct Certs {
     openssl_cmd({"req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", f(name + ".key"),
                  "-out", f(name + ".csr"), "-subj", "/CN=" + cn});
     write_file(f(name + ".ext"), "subjectAltName=" + san + "\n");
-    openssl_cmd({"x509", "-req", "-in", f(name + ".csr"), "-CA", f("ca.crt"), "-CAkey", f("ca.key"),
-                 "-CAcreateserial", "-out", f(name + ".crt"), "-days", "2", "-extfile", f(name + ".ext")});
+    openssl_cmd({"x509", "-req", "-in", f(name + ".csr"), "-CA", f("ca.crt"), "-CAkey", f("ca.key"), "-CAcreateserial",
+                 "-out", f(name + ".crt"), "-days", "2", "-extfile", f(name + ".ext")});
   }
   Certs() {
     openssl_cmd({"req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
@@ -107,9 +107,16 @@ struct Certs {
 
 // A keyed POST over https with client certificate `client` ("" none): the status and whether it was a replay.
 std::pair<int, bool> tls_post(const Certs& c, std::uint16_t port, const std::string& client, const std::string& key) {
-  std::vector<std::string> argv{tool("curl"), "-sS", "--max-time", "10", "--cacert", c.f("ca.crt"), "-X", "POST",
-                                "-H", "Fencing-Token: 1", "-H", "Idempotency-Key: \"" + key + "\"", "--data", "x",
-                                "-o", "/dev/null", "-D", "-", "-w", "\n%{http_code}"};
+  std::vector<std::string> argv{tool("curl"), "-sS",
+                                "--max-time", "10",
+                                "--cacert",   c.f("ca.crt"),
+                                "-X",         "POST",
+                                "-H",         "Fencing-Token: 1",
+                                "-H",         "Idempotency-Key: \"" + key + "\"",
+                                "--data",     "x",
+                                "-o",         "/dev/null",
+                                "-D",         "-",
+                                "-w",         "\n%{http_code}"};
   if (!client.empty()) argv.insert(argv.end(), {"--cert", c.f(client + ".crt"), "--key", c.f(client + ".key")});
   argv.push_back("https://127.0.0.1:" + std::to_string(port) + "/op");
   CommandResult r = run_command(argv, 20s);
@@ -157,7 +164,8 @@ TEST_SUITE("idempotency") {
     CHECK(up.count() == 4);
   }
 
-  TEST_CASE("idempotency: keyed writes that advance fail closed when the store cannot commit (503, nothing forwarded)") {
+  TEST_CASE(
+      "idempotency: keyed writes that advance fail closed when the store cannot commit (503, nothing forwarded)") {
     RecordingUpstream up;
     ProxySpec spec{.config = config_with_routes({keyed_route(up.url())})};
     spec.fsize_limit = 512 * 1024;
