@@ -9,6 +9,7 @@
 //
 // session.cpp calls idem_gate and idem_after; relay.cpp feeds the capture (head, body runs,
 // whether the request was sent) and calls idem_settle when the answer has ended.
+#include <array>
 #include <chrono>
 
 #include "common/log.h"
@@ -113,7 +114,10 @@ task<bool> Session::idem_answer(RequestState& rq, std::string response, std::uin
   timed_out_ = false;
   arm(cfg().body_timeout);
   boost::system::error_code ec;
-  co_await net::async_write(client_, net::buffer(response), net::redirect_error(use_task, ec));
+  // The batched send path (one io_uring submission per reactor pass), as forwarded answers go.
+  std::array<net::const_buffer, 1> b{net::buffer(response)};
+  if (!co_await send_soon(client_, b, ec) && !ec)
+    co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
   if (settle(ec)) co_return false;
   sc_->in.consume(rq.head_len + static_cast<std::size_t>(body_bytes));
   co_return rq.client_keep_alive;
