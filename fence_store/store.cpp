@@ -307,7 +307,8 @@ class OwnedStore final : public TestableStore {
   void add_bytes(const std::string& resource, std::int64_t delta) {
     if (delta == 0) return;
     auto it = key_bytes_.try_emplace(resource, 0).first;
-    if ((it->second += delta) <= 0) key_bytes_.erase(it);
+    it->second += delta;
+    if (it->second <= 0) key_bytes_.erase(it);
   }
   void bind_key(sqlite3_stmt* st, const KeyRecord& r) {
     bind_text(st, 1, r.resource);
@@ -700,8 +701,10 @@ class OwnedStore final : public TestableStore {
       ok = step(st, &err);
       sqlite3_clear_bindings(st);
       if (!ok) break;
-      for (auto& r : it.riders)  // issue 30: keys begun with this advance, in its transaction
-        if (!(ok = begin_key(r->rec, r->max_keys, r->result, now, &err))) break;
+      for (auto& r : it.riders) {  // issue 30: keys begun with this advance, in its transaction
+        ok = begin_key(r->rec, r->max_keys, r->result, now, &err);
+        if (!ok) break;
+      }
       if (!ok) break;
     }
     if (ok && inject_failure_.load()) {

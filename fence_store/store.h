@@ -163,8 +163,11 @@ class Store {
   // before `done` runs, and a rider already `abandoned` by then has a key it started released.
   // The default advances alone (riders' results stay unset: callers check rides_keys() first).
   virtual bool rides_keys() const { return false; }
-  virtual void advance_keyed(std::string resource, std::int64_t generation, std::string leader,
-                             std::vector<std::shared_ptr<KeyRider>> riders, Done done) {
+  // (Taken by value: OwnedStore moves them into its queue.)
+  virtual void advance_keyed(
+      std::string resource, std::int64_t generation, std::string leader,
+      std::vector<std::shared_ptr<KeyRider>> riders,  // NOLINT(performance-unnecessary-value-param)
+      Done done) {
     (void)riders;
     advance(std::move(resource), generation, std::move(leader), std::move(done));
   }
