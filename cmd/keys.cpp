@@ -21,7 +21,7 @@ namespace {
 constexpr int kExitOk = 0, kExitRuntime = 1, kExitUsage = 2, kExitNoKey = 3;
 
 constexpr const char* kUsage =
-    "Usage: fencegate keys --db PATH [--resource R] [--key K] [--client ADDRESS] [--json]\n"
+    "Usage: fencegate keys --db PATH [--resource R] [--key K] [--client ID] [--json]\n"
     "\n"
     "Lists the idempotency keys (operation IDs) of a fencegate database: per key its state\n"
     "(in_flight, completed, unknown), the recorded status, when it was made and expires, and the\n"
@@ -33,7 +33,7 @@ constexpr const char* kUsage =
     "  --db PATH          the database file (required)\n"
     "  --resource R       only this resource (required with --key)\n"
     "  --key K            only this key (as the client sent it, unquoted); exit 3 if absent\n"
-    "  --client ADDRESS   with --key: the client of a route with \"scope\": \"client\"\n"
+    "  --client ID        with --key: the client (TLS identity or address) of a \"scope\": \"client\" route\n"
     "  --json             one JSON object per line: key, state, status, created_at, expires_at,\n"
     "                     generation, resource (and client, body_kept, fingerprint)\n"
     "\n"

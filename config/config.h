@@ -66,6 +66,10 @@ struct Idempotency {
   std::vector<std::string> methods;                         // "methods": empty = the route's fenced methods
   bool scope_client = false;                                // "scope": "resource" (false) | "client"
   bool forward_unknown = false;                             // "on_unknown": "refuse" (false) | "forward"
+  // "release_statuses": upstream answers that say it did not act (the key is released);
+  // "unknown_statuses": answers after which whether it acted is unknown. Every other status is final.
+  std::vector<int> release_statuses{408, 425, 429, 503};
+  std::vector<int> unknown_statuses{502, 504};
   static constexpr std::uint64_t kMaxBodyLimit = 16u << 20;  // max_body_bytes is at most this
 };
 

@@ -170,8 +170,8 @@ Authority parse_authority(const json& j, const std::string& path, std::vector<st
 }
 
 // Issue 30 (idempotency): "idempotency": {"header", "required", "retention", "max_body_bytes",
-// "max_keys", "methods", "scope", "on_unknown"}; {} turns it on with the defaults. Types and values
-// are checked here; that the methods are fenced on the route, in validate.cpp.
+// "max_keys", "methods", "scope", "on_unknown", "release_statuses", "unknown_statuses"}; {} turns it on with the
+// defaults. Types and values are checked here; that the methods are fenced on the route, in validate.cpp.
 Idempotency parse_idempotency(const json& j, const std::string& path, std::vector<std::string>& errors) {
   Idempotency d;
   if (!j.is_object()) {
@@ -230,10 +230,30 @@ Idempotency parse_idempotency(const json& j, const std::string& path, std::vecto
         if (s == "refuse" || s == "forward") d.forward_unknown = s == "forward";
         else errors.push_back(fp + ": must be \"refuse\" or \"forward\" (got \"" + s + "\")");
       }
+    } else if (key == "release_statuses" || key == "unknown_statuses") {
+      std::vector<int>& out = key == "release_statuses" ? d.release_statuses : d.unknown_statuses;
+      if (!v.is_array()) {
+        errors.push_back(fp + ": must be an array of HTTP status codes such as [502, 504] (got " + got(v) + ")");
+        continue;
+      }
+      out.clear();
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const json& e = v[i];
+        if (e.is_number_integer() && e.get<std::int64_t>() >= 100 && e.get<std::int64_t>() <= 599)
+          out.push_back(e.get<int>());
+        else
+          errors.push_back(fp + "[" + std::to_string(i) + "]: must be an HTTP status code from 100 to 599 (got " +
+                           got(e) + ")");
+      }
     } else {
       errors.push_back(fp + ": unknown key");
     }
   }
+  for (int s : d.release_statuses)
+    if (std::find(d.unknown_statuses.begin(), d.unknown_statuses.end(), s) != d.unknown_statuses.end())
+      errors.push_back(path + ".unknown_statuses: " + std::to_string(s) +
+                       " is also in release_statuses (a status either releases the key or leaves its outcome "
+                       "unknown, not both)");
   return d;
 }
 

@@ -81,9 +81,10 @@ class OwnedStore final : public TestableStore {
          " body, body_kept, created_ms, expires_ms) VALUES(?1, ?2, ?3, 0, ?4, ?5, 0, '', x'', 1, ?6, ?7)"),
         ("UPDATE idempotency SET state = ?4, status = ?5, headers = ?6, body = ?7, body_kept = ?8"
          " WHERE resource = ?1 AND scope = ?2 AND key = ?3 AND state IN (0, 2)"),
-        "DELETE FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3",
+        ("DELETE FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3"
+         " RETURNING length(body) + length(headers)"),
         ("DELETE FROM idempotency WHERE id IN (SELECT id FROM idempotency WHERE expires_ms <= ?1"
-         " ORDER BY expires_ms LIMIT ?2) RETURNING resource, scope, key")};
+         " ORDER BY expires_ms LIMIT ?2) RETURNING resource, scope, key, length(body) + length(headers)")};
     sqlite3_stmt** outs[] = {&begin_,      &commit_,       &rollback_,    &upsert_,          &insert_audit_,
                              &prune_age_,  &prune_oldest_, &count_audit_, &delete_resource_, &key_select_,
                              &key_insert_, &key_settle_,   &key_delete_,  &key_prune_};
@@ -143,6 +144,19 @@ class OwnedStore final : public TestableStore {
     it.generation = generation;
     it.leader = std::move(leader);
     it.done = std::move(done);
+    enqueue(std::move(it));
+  }
+
+  bool rides_keys() const override { return true; }
+  void advance_keyed(std::string resource, std::int64_t generation, std::string leader,
+                     std::vector<std::shared_ptr<KeyRider>> riders, Done done) override {
+    Item it;
+    it.kind = Item::kAdvance;
+    it.resource = std::move(resource);
+    it.generation = generation;
+    it.leader = std::move(leader);
+    it.done = std::move(done);
+    it.riders = std::move(riders);
     enqueue(std::move(it));
   }
 
@@ -239,6 +253,10 @@ class OwnedStore final : public TestableStore {
     std::lock_guard lk(counts_mu_);
     return {published_counts_.begin(), published_counts_.end()};
   }
+  std::vector<std::pair<std::string, std::int64_t>> key_bytes() const override {
+    std::lock_guard lk(counts_mu_);
+    return {published_bytes_.begin(), published_bytes_.end()};
+  }
 
   std::size_t queue_depth() const override { return pending_.load(std::memory_order_relaxed); }
   std::uint64_t audit_rows_dropped() const override { return dropped_rows_.load(std::memory_order_relaxed); }
@@ -262,18 +280,25 @@ class OwnedStore final : public TestableStore {
     AuditRow row;  // audit
     Done done;
     std::unique_ptr<KeyItem> key;  // key_begin, key_settle, key_release
+    std::vector<std::shared_ptr<KeyRider>> riders;  // advance_keyed: keys begun in the same transaction
   };
 
   // Issue 30: counts the keys per resource again from the table (at start, after a failed
   // batch). Returns "" or SQLite's error. Store thread (or before it starts).
   std::string recount_keys() {
     sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(wdb_, "SELECT resource, count(*) FROM idempotency GROUP BY resource", -1, &st, nullptr) !=
-        SQLITE_OK)
+    if (sqlite3_prepare_v2(wdb_,
+                           "SELECT resource, count(*), coalesce(sum(length(body) + length(headers)), 0)"
+                           " FROM idempotency GROUP BY resource",
+                           -1, &st, nullptr) != SQLITE_OK)
       return sqlite3_errmsg(wdb_);
     key_counts_.clear();
+    key_bytes_.clear();
     int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) key_counts_[col_text(st, 0)] = sqlite3_column_int64(st, 1);
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      key_counts_[col_text(st, 0)] = sqlite3_column_int64(st, 1);
+      if (const std::int64_t b = sqlite3_column_int64(st, 2); b > 0) key_bytes_[col_text(st, 0)] = b;
+    }
     sqlite3_finalize(st);
     if (rc != SQLITE_DONE) return sqlite3_errmsg(wdb_);
     publish_counts();
@@ -282,6 +307,14 @@ class OwnedStore final : public TestableStore {
   void publish_counts() {
     std::lock_guard lk(counts_mu_);
     published_counts_ = key_counts_;
+    published_bytes_ = key_bytes_;
+  }
+  // Response bytes kept for replay: `delta` more (or fewer) for `resource`. Store thread.
+  void add_bytes(const std::string& resource, std::int64_t delta) {
+    if (delta == 0) return;
+    auto it = key_bytes_.try_emplace(resource, 0).first;
+    it->second += delta;
+    if (it->second <= 0) key_bytes_.erase(it);
   }
   void bind_key(sqlite3_stmt* st, const KeyRecord& r) {
     bind_text(st, 1, r.resource);
@@ -292,45 +325,57 @@ class OwnedStore final : public TestableStore {
   // Issue 30: one key item inside the batch's transaction. Returns false on an SQLite error.
   bool commit_key(Item& it, std::int64_t now, std::string* err) {
     KeyItem& k = *it.key;
-    if (it.kind == Item::kKeyBegin) {
-      bind_key(key_select_, k.rec);
-      int rc = sqlite3_step(key_select_);
-      bool live = false, expired_row = false;
-      if (rc == SQLITE_ROW) {
-        read_key_row(key_select_, &k.result.existing);
-        k.result.existing.body.assign(static_cast<const char*>(sqlite3_column_blob(key_select_, 12)),
-                                      static_cast<std::size_t>(sqlite3_column_bytes(key_select_, 12)));
-        live = k.result.existing.expires_ms > now;
-        expired_row = !live;
-        rc = SQLITE_DONE;
-      }
-      if (rc != SQLITE_DONE) *err = sqlite3_errmsg(wdb_);
-      sqlite3_reset(key_select_);
-      sqlite3_clear_bindings(key_select_);
-      if (rc != SQLITE_DONE) return false;
-      if (live) {
-        k.result.outcome = KeyBegin::exists;
-        cache_.put(k.result.existing);  // completed rows only: durable already
-        return true;
-      }
-      k.result.existing = KeyRecord{};
-      std::int64_t& n = key_counts_[k.rec.resource];
-      if (!expired_row && static_cast<std::uint64_t>(n) >= k.max_keys) {
-        k.result.outcome = KeyBegin::limit;
-        return true;
-      }
-      sqlite3_stmt* st = key_insert_;
-      bind_key(st, k.rec);
-      bind_text(st, 4, k.rec.fingerprint);
-      sqlite3_bind_int64(st, 5, k.rec.generation);
-      sqlite3_bind_int64(st, 6, k.rec.created_ms);
-      sqlite3_bind_int64(st, 7, k.rec.expires_ms);
-      const bool ok = step(st, err);
-      sqlite3_clear_bindings(st);
-      if (ok && !expired_row) ++n;
-      k.result.outcome = KeyBegin::started;
-      return ok;
+    if (it.kind == Item::kKeyBegin) return begin_key(k.rec, k.max_keys, k.result, now, err);
+    return settle_or_delete_key(it, err);
+  }
+
+  // key_begin's work on (rec, max_keys), its outcome in `result`. Returns false on an SQLite error.
+  bool begin_key(const KeyRecord& rec, std::uint64_t max_keys, KeyBeginResult& result, std::int64_t now,
+                 std::string* err) {
+    bind_key(key_select_, rec);
+    int rc = sqlite3_step(key_select_);
+    bool live = false, expired_row = false;
+    if (rc == SQLITE_ROW) {
+      read_key_row(key_select_, &result.existing);
+      result.existing.body.assign(static_cast<const char*>(sqlite3_column_blob(key_select_, 12)),
+                                  static_cast<std::size_t>(sqlite3_column_bytes(key_select_, 12)));
+      live = result.existing.expires_ms > now;
+      expired_row = !live;
+      rc = SQLITE_DONE;
     }
+    if (rc != SQLITE_DONE) *err = sqlite3_errmsg(wdb_);
+    sqlite3_reset(key_select_);
+    sqlite3_clear_bindings(key_select_);
+    if (rc != SQLITE_DONE) return false;
+    if (live) {
+      result.outcome = KeyBegin::exists;
+      cache_.put(result.existing);  // completed rows only: durable already
+      return true;
+    }
+    if (expired_row)  // replaced below: its kept response goes
+      add_bytes(rec.resource, -static_cast<std::int64_t>(result.existing.body.size() + result.existing.headers.size()));
+    result.existing = KeyRecord{};
+    std::int64_t& n = key_counts_[rec.resource];
+    if (!expired_row && static_cast<std::uint64_t>(n) >= max_keys) {
+      result.outcome = KeyBegin::limit;
+      return true;
+    }
+    sqlite3_stmt* st = key_insert_;
+    bind_key(st, rec);
+    bind_text(st, 4, rec.fingerprint);
+    sqlite3_bind_int64(st, 5, rec.generation);
+    sqlite3_bind_int64(st, 6, rec.created_ms);
+    sqlite3_bind_int64(st, 7, rec.expires_ms);
+    const bool ok = step(st, err);
+    sqlite3_clear_bindings(st);
+    if (ok && !expired_row) ++n;
+    result.outcome = KeyBegin::started;
+    return ok;
+  }
+
+  // key_settle's or key_release's work. Returns false on an SQLite error.
+  bool settle_or_delete_key(Item& it, std::string* err) {
+    KeyItem& k = *it.key;
     if (it.kind == Item::kKeySettle) {
       sqlite3_stmt* st = key_settle_;
       bind_key(st, k.rec);
@@ -342,16 +387,23 @@ class OwnedStore final : public TestableStore {
       const bool ok = step(st, err);
       sqlite3_clear_bindings(st);
       k.changed = ok && sqlite3_changes64(wdb_) > 0;
+      if (k.changed) add_bytes(k.rec.resource, static_cast<std::int64_t>(k.rec.body.size() + k.rec.headers.size()));
       return ok;
     }
     cache_.drop(k.rec.resource, k.rec.scope, k.rec.key);
     bind_key(key_delete_, k.rec);
-    const bool ok = step(key_delete_, err);
-    sqlite3_clear_bindings(key_delete_);
-    if (ok && sqlite3_changes64(wdb_) > 0) {
+    // (A DELETE ... RETURNING makes all its changes in its first step.)
+    const int rc = sqlite3_step(key_delete_);
+    const bool ok = rc == SQLITE_ROW || rc == SQLITE_DONE;
+    if (rc == SQLITE_ROW) {
+      add_bytes(k.rec.resource, -sqlite3_column_int64(key_delete_, 0));
       auto c = key_counts_.find(k.rec.resource);
       if (c != key_counts_.end() && --c->second <= 0) key_counts_.erase(c);
+    } else if (!ok) {
+      *err = sqlite3_errmsg(wdb_);
     }
+    sqlite3_reset(key_delete_);
+    sqlite3_clear_bindings(key_delete_);
     return ok;
   }
 
@@ -363,6 +415,7 @@ class OwnedStore final : public TestableStore {
     while ((rc = sqlite3_step(key_prune_)) == SQLITE_ROW) {
       ++n;
       cache_.drop(col_text(key_prune_, 0), col_text(key_prune_, 1), col_text(key_prune_, 2));
+      add_bytes(col_text(key_prune_, 0), -sqlite3_column_int64(key_prune_, 3));
       auto c = key_counts_.find(col_text(key_prune_, 0));
       if (c != key_counts_.end() && --c->second <= 0) key_counts_.erase(c);
     }
@@ -492,7 +545,8 @@ class OwnedStore final : public TestableStore {
       audit_rows_ = -1;  // a failed COMMIT may or may not have landed: recount before the next prune
     }
     bool keys_touched = false;  // issue 30
-    for (const auto& it : batch) keys_touched = keys_touched || (it.key && it.kind != Item::kKeySettle);
+    for (const auto& it : batch)
+      keys_touched = keys_touched || !it.riders.empty() || (it.key && (it.kind != Item::kKeySettle || it.key->changed));
     if (keys_touched) {
       if (!s.ok()) (void)recount_keys();
       else publish_counts();
@@ -516,6 +570,16 @@ class OwnedStore final : public TestableStore {
     }
     std::size_t kept = 0;
     for (auto& it : batch) {
+      for (auto& r : it.riders) {  // issue 30: before the advance's completion runs
+        bool release = false;
+        {
+          std::lock_guard lk(r->mu);
+          if (!s.ok()) r->result = KeyBeginResult{s, KeyBegin::started, {}};
+          r->committed = true;
+          release = r->abandoned && s.ok() && r->result.outcome == KeyBegin::started;
+        }
+        if (release) key_release(r->rec.resource, r->rec.scope, r->rec.key, nullptr);
+      }
       if (it.kind == Item::kKeyBegin) {  // issue 30
         KeyItem& k = *it.key;
         if (!s.ok()) k.result = KeyBeginResult{s, KeyBegin::started, {}};
@@ -651,6 +715,11 @@ class OwnedStore final : public TestableStore {
       ok = step(st, &err);
       sqlite3_clear_bindings(st);
       if (!ok) break;
+      for (auto& r : it.riders) {  // issue 30: keys begun with this advance, in its transaction
+        ok = begin_key(r->rec, r->max_keys, r->result, now, &err);
+        if (!ok) break;
+      }
+      if (!ok) break;
     }
     if (ok && inject_failure_.load()) {
       ok = false;
@@ -782,6 +851,8 @@ class OwnedStore final : public TestableStore {
   std::map<std::string, std::int64_t> key_counts_;  // store thread only: rows per resource
   mutable std::mutex counts_mu_;
   std::map<std::string, std::int64_t> published_counts_;  // Guarded by counts_mu_
+  std::map<std::string, std::int64_t> key_bytes_;  // store thread only: response bytes kept per resource
+  std::map<std::string, std::int64_t> published_bytes_;  // Guarded by counts_mu_
   ReplayCache cache_;  // completed keys, for replays (key_cached)
   std::thread thread_;
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -118,6 +119,19 @@ struct KeyBeginResult {
   KeyRecord existing;            // outcome exists: the row found
 };
 
+// A key to record in flight in the same transaction (one commit, one fsync) as a fence advance
+// (Store::advance_keyed): a keyed write that advances the generation pays one commit, not two.
+struct KeyRider {
+  KeyRecord rec;
+  std::uint64_t max_keys = 0;
+  std::mutex mu;
+  // Guarded by mu.
+  bool attached = false;   // handed to the store with an advance (Fence, under the resource's lock)
+  bool committed = false;  // the advance's batch ended: `result` is final (store thread)
+  bool abandoned = false;  // the write was not admitted: a key the batch started is released
+  KeyBeginResult result;
+};
+
 class Store {
  public:
   using Done = std::function<void(Status)>;
@@ -143,6 +157,31 @@ class Store {
   // Durably sets generation(resource) = max(stored, generation) with advanced_at/by updated when it
   // rises; never lowers it. `done` runs on the store thread after the commit (or its failure).
   virtual void advance(std::string resource, std::int64_t generation, std::string leader, Done done) = 0;
+
+  // Issue 30: advance() with keys recorded in flight (as key_begin) in the same transaction.
+  // Only on a store whose rides_keys() is true; each rider's result is set (and `committed`)
+  // before `done` runs, and a rider already `abandoned` by then has a key it started released.
+  // The default advances alone (riders' results stay unset: callers check rides_keys() first).
+  virtual bool rides_keys() const { return false; }
+  // (Taken by value: OwnedStore moves them into its queue.)
+  virtual void advance_keyed(
+      std::string resource, std::int64_t generation, std::string leader,
+      std::vector<std::shared_ptr<KeyRider>> riders,  // NOLINT(performance-unnecessary-value-param)
+      Done done) {
+    (void)riders;
+    advance(std::move(resource), generation, std::move(leader), std::move(done));
+  }
+  // Issue 30: a rider's write was not admitted (stale, store error): a key its advance started is
+  // released, now or once the advance's batch ends. Safe to call from any thread, once.
+  void abandon(const std::shared_ptr<KeyRider>& r) {
+    bool release = false;
+    {
+      std::lock_guard lk(r->mu);
+      r->abandoned = true;
+      release = r->committed && r->result.status.ok() && r->result.outcome == KeyBegin::started;
+    }
+    if (release) key_release(r->rec.resource, r->rec.scope, r->rec.key, nullptr);
+  }
 
   // Durably removes a resource's row (its generation): after it the resource is unknown, as if it
   // had never been fenced, and a restart does not bring it back. Queued in order with advance():
@@ -262,6 +301,9 @@ class Store {
   // Live keys per resource as the store thread counts them (for the fencegate_idempotency_keys
   // gauge); empty on a read-only store.
   virtual std::vector<std::pair<std::string, std::int64_t>> key_counts() const { return {}; }
+  // Response bytes (bodies and their describing fields) kept for replay per resource, as the
+  // store thread counts them (the fencegate_idempotency_bytes gauge); empty on a read-only store.
+  virtual std::vector<std::pair<std::string, std::int64_t>> key_bytes() const { return {}; }
   // Expired keys are deleted in the background by the store thread in chunks of this many rows.
   static constexpr int kKeyPruneChunkRows = 500;
 

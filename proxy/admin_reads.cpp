@@ -31,6 +31,7 @@ Reply AdminSession::metrics() {
   out.reserve(8192);
   rt.metrics.render(out);
   render_idempotency_keys(out, rt.store.key_counts());  // issue 30
+  render_idempotency_bytes(out, rt.store.key_bytes());  // issue 30
   if (rt.fleet) rt.fleet->render_metrics(out);  // fleet (docs/fleet.md)
   auto views = rt.fence.snapshot();
   auto stats = rt.fence.stats();

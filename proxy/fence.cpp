@@ -11,6 +11,7 @@ struct Waiter {
   std::int64_t g;
   InflightNode* node;
   DecisionFn done;
+  std::shared_ptr<store::KeyRider> rider;  // issue 30: a key to record with the advance to g
 };
 }  // namespace
 
@@ -59,6 +60,7 @@ struct Fence::After {
   std::string leader;
   bool drain_wait = false;
   double drained_seconds = -1;  // >= 0: a drain ended, report it
+  std::vector<std::shared_ptr<store::KeyRider>> riders;  // issue 30: keys recorded with the commit
 };
 
 Fence::Fence(store::Store& store, std::chrono::milliseconds drain_timeout, std::size_t max_resources)
@@ -262,7 +264,7 @@ bool Fence::decide_now(FenceResource* r, std::int64_t g, InflightNode* node, Dec
 }
 
 bool Fence::admit(const std::string& resource, std::int64_t g, const std::string& leader, InflightNode* node,
-                  Decision* now, DecisionFn later, bool may_create) {
+                  Decision* now, DecisionFn later, bool may_create, std::shared_ptr<store::KeyRider> rider) {
   FenceResource* r = may_create ? find_or_create(resource) : find_existing(resource);
   if (!r) {
     *now = Decision{may_create ? Verdict::overloaded : Verdict::unfenced, 0, 0, false};
@@ -300,7 +302,7 @@ bool Fence::admit(const std::string& resource, std::int64_t g, const std::string
     }
     // g == seen > stored: park until the advance commits. (g == seen == stored: writes forwarded
     // under observe mode are still in flight, from before a switch to enforce: park until they end.)
-    r->waiting.push_back(Waiter{g, node, std::move(later)});
+    r->waiting.push_back(Waiter{g, node, std::move(later), std::move(rider)});
     if (!r->advancing) start_advance(r, after);
   }
   run(after);
@@ -366,6 +368,15 @@ void Fence::begin_commit(FenceResource* r, After& after) {
   after.commit = r;
   after.target = r->seen;
   after.leader = r->seen_leader;
+  // Issue 30: the keys of writes parked for this generation are recorded in the same commit.
+  if (store_.rides_keys())
+    for (auto& w : r->waiting)
+      if (w.rider && w.g == r->seen) {
+        std::lock_guard rl(w.rider->mu);
+        if (w.rider->attached) continue;
+        w.rider->attached = true;
+        after.riders.push_back(w.rider);
+      }
 }
 
 void Fence::run(After& after) {
@@ -377,8 +388,9 @@ void Fence::run(After& after) {
   if (after.commit) {
     FenceResource* r = after.commit;
     std::int64_t target = after.target;
-    store_.advance(r->name, target, after.leader,
-                   [this, r, target](const store::Status& st) { on_committed(r, target, st); });
+    auto done = [this, r, target](const store::Status& st) { on_committed(r, target, st); };
+    if (after.riders.empty()) store_.advance(r->name, target, after.leader, std::move(done));
+    else store_.advance_keyed(r->name, target, after.leader, std::move(after.riders), std::move(done));
   }
   for (auto& [fn, d] : after.calls)
     if (fn) fn(d);

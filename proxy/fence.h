@@ -121,8 +121,11 @@ class Fence {
   // `may_create` false (a fenced_only route's write): a resource that has never been fenced
   // (none held, or held with no generation: stored == seen == 0) is neither created in memory
   // nor advanced; the decision is unfenced.
+  // Issue 30: `rider` (a keyed write's key) is recorded in flight in the same store commit as the
+  // advance this write waits for, when there is one and the store can (rider->attached is then
+  // set before `later` runs); a write not admitted must Store::abandon() an attached rider.
   bool admit(const std::string& resource, std::int64_t g, const std::string& leader, InflightNode* node, Decision* now,
-             DecisionFn later, bool may_create = true);
+             DecisionFn later, bool may_create = true, std::shared_ptr<store::KeyRider> rider = nullptr);
 
   // The decision of admit() (node given: enforce) or observe() (node null) when it can be made
   // without waiting: stale, the fast path (g is the stored generation; enforce links the node),

@@ -4,6 +4,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <array>
 #include <stdexcept>
 
@@ -119,6 +120,12 @@ Fate fate_of(int status) {
     case 504: return Fate::unknown;
     default: return Fate::record;
   }
+}
+
+Fate fate_of(int status, const std::vector<int>& release, const std::vector<int>& unknown) {
+  if (std::find(release.begin(), release.end(), status) != release.end()) return Fate::release;
+  if (std::find(unknown.begin(), unknown.end(), status) != unknown.end()) return Fate::unknown;
+  return Fate::record;
 }
 
 bool describes_body(std::string_view name) {

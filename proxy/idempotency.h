@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fence_store/store.h"
 #include "proxy/head.h"
@@ -60,8 +61,10 @@ std::string sha256_hex(std::string_view data);
 // What an upstream answer does to its key: recorded (a final answer), released (408, 425, 429,
 // 503: the upstream says it did not act, a retry is forwarded) or outcome unknown (502, 504: a
 // gateway in front of the upstream may or may not have passed the request on).
+// The defaults; a route may name its own (idempotency.release_statuses, .unknown_statuses).
 enum class Fate { record, release, unknown };
 Fate fate_of(int status);
+Fate fate_of(int status, const std::vector<int>& release, const std::vector<int>& unknown);
 
 // True iff a response field describes the body and is recorded with it (Content-Type,
 // Content-Encoding, Content-Language, Content-Location, Content-Disposition, ETag,
@@ -93,6 +96,7 @@ struct Keyed {
   explicit Keyed(std::uint64_t max_body) : cap(max_body) {}
   store::KeyRecord rec;  // resource, scope, key, fingerprint, generation
   Capture cap;
+  std::vector<int> release_statuses, unknown_statuses;  // the route's (fate_of)
 };
 
 // The replay of a completed key's response: its status line, its recorded fields, Content-Length,

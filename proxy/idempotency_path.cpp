@@ -9,6 +9,7 @@
 //
 // session.cpp calls idem_gate and idem_after; relay.cpp feeds the capture (head, body runs,
 // whether the request was sent) and calls idem_settle when the answer has ended.
+#include <array>
 #include <chrono>
 
 #include "common/log.h"
@@ -44,6 +45,15 @@ store::AuditRow keyed_row(const RequestState& rq, const RequestHead& head, const
   row.traceparent = traceparent_of(head);
   row.client_identity = identity;
   return row;
+}
+
+// A keyed write on its way upstream, with the route's final-status lists.
+std::shared_ptr<idem::Keyed> keyed(const config::Idempotency& conf, store::KeyRecord rec) {
+  auto k = std::make_shared<idem::Keyed>(conf.max_body_bytes);
+  k->rec = std::move(rec);
+  k->release_statuses = conf.release_statuses;
+  k->unknown_statuses = conf.unknown_statuses;
+  return k;
 }
 
 }  // namespace
@@ -104,7 +114,10 @@ task<bool> Session::idem_answer(RequestState& rq, std::string response, std::uin
   timed_out_ = false;
   arm(cfg().body_timeout);
   boost::system::error_code ec;
-  co_await net::async_write(client_, net::buffer(response), net::redirect_error(use_task, ec));
+  // The batched send path (one io_uring submission per reactor pass), as forwarded answers go.
+  std::array<net::const_buffer, 1> b{net::buffer(response)};
+  if (!co_await send_soon(client_, b, ec) && !ec)
+    co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
   if (settle(ec)) co_return false;
   sc_->in.consume(rq.head_len + static_cast<std::size_t>(body_bytes));
   co_return rq.client_keep_alive;
@@ -136,7 +149,7 @@ task<bool> Session::idem_refuse(RequestState& rq, const Problem& p, const char* 
   co_return co_await idem_answer(rq, std::move(r), body_bytes);
 }
 
-task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
+task<std::optional<bool>> Session::idem_prepare(RequestState& rq, Exchange& ex, bool early) {
   const config::Route& route = *rq.match.route;
   const config::Idempotency& conf = *route.idempotency;
   const bool observe = route.mode == Mode::observe;
@@ -147,7 +160,7 @@ task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
   for (const auto& f : sc_->head.fields)
     if (iequals(f.name, conf.header) && fields++ == 0) value = f.value;
   if (fields == 0) {
-    if (!conf.required || observe) co_return std::nullopt;  // an unkeyed write: forwarded as any other
+    if (!conf.required || observe || early) co_return std::nullopt;  // an unkeyed write: forwarded as any other
     ex.release();
     sc_->problem = idem::missing(conf.header);
     co_return co_await refuse(rq, sc_->problem, rq.fence);
@@ -156,7 +169,7 @@ task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
   std::optional<std::string> key = fields > 1 ? std::nullopt : idem::parse_key(value, &why);
   if (fields > 1) why = "the request has " + std::to_string(fields) + " " + conf.header + " fields";
   if (!key) {
-    if (observe) co_return std::nullopt;
+    if (observe || early) co_return std::nullopt;
     ex.release();
     log::info("rejected write: malformed idempotency key",
               {log::kv("decision", "idempotency_key_malformed"), log::kv("resource", resource), log::kv("why", why),
@@ -188,19 +201,45 @@ task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
     co_await linger_close();
     co_return false;
   }
-  store::KeyRecord rec;
+  auto rider = std::make_shared<store::KeyRider>();
+  store::KeyRecord& rec = rider->rec;
+  rider->max_keys = conf.max_keys;
   rec.resource = resource;
-  rec.scope = conf.scope_client ? client_ip_ : std::string();
+  // scope "client": the verified TLS client identity where there is one, else the client's address.
+  if (conf.scope_client) rec.scope = client_identity_.empty() ? client_ip_ : client_identity_;
   rec.key = std::move(*key);
   rec.fingerprint = fp.finish(sc_->head.method, sc_->head.target);
   rec.generation = rq.token.generation;
   rec.created_ms = unix_ms();
   rec.expires_ms = rec.created_ms + std::chrono::duration_cast<std::chrono::milliseconds>(conf.retention).count();
+  rq.idem_rider = std::move(rider);
+  rq.idem_body = *body;
+  co_return std::nullopt;
+}
+
+task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
+  const config::Route& route = *rq.match.route;
+  const config::Idempotency& conf = *route.idempotency;
+  const bool observe = route.mode == Mode::observe;
+  const std::string& resource = rq.match.resource;
+  if (!rq.idem_rider) {
+    if (std::optional<bool> answered = co_await idem_prepare(rq, ex, false)) co_return answered;
+    if (!rq.idem_rider) co_return std::nullopt;  // unkeyed (or observe mode's malformed key)
+  }
+  std::shared_ptr<store::KeyRider> rider = std::move(rq.idem_rider);
+  store::KeyRecord rec = std::move(rider->rec);
   // A completed key in the store's memory is answered at once (a replay or a 422: nothing to
   // record); otherwise the key is recorded in flight (or found) in the store's group commit,
   // before anything goes upstream.
   store::KeyBeginResult got;
-  if (rt_.store.key_cached(rec.resource, rec.scope, rec.key, &got.existing)) {
+  bool rode = false;  // recorded (or found) in the commit of the fence advance this write waited for
+  {
+    std::lock_guard lk(rider->mu);
+    rode = rider->attached && rider->committed;
+  }
+  if (rode) {
+    got = std::move(rider->result);
+  } else if (rt_.store.key_cached(rec.resource, rec.scope, rec.key, &got.existing)) {
     got.outcome = store::KeyBegin::exists;
   } else {
     auto slot = std::make_shared<CrossThreadResult<store::KeyBeginResult>>(w_);
@@ -210,7 +249,7 @@ task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
     got = co_await slot->wait();
     prompt_ = true;
   }
-  const std::uint64_t n = *body;
+  const std::uint64_t n = rq.idem_body;
   if (!got.status.ok() || got.outcome == store::KeyBegin::limit) {
     const bool limit = got.status.ok();
     if (observe) {
@@ -225,8 +264,7 @@ task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
     co_return co_await idem_refuse(rq, sc_->problem, "", IdemOutcome::kCount, n, false);
   }
   if (got.outcome == store::KeyBegin::started) {
-    rq.idem = std::make_shared<idem::Keyed>(conf.max_body_bytes);
-    rq.idem->rec = std::move(rec);
+    rq.idem = keyed(conf, std::move(rec));
     co_return std::nullopt;
   }
   // The key is known.
@@ -243,8 +281,7 @@ task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
     co_return std::nullopt;
   }
   if (old.state == store::KeyState::unknown && conf.forward_unknown && same) {
-    rq.idem = std::make_shared<idem::Keyed>(conf.max_body_bytes);
-    rq.idem->rec = std::move(rec);
+    rq.idem = keyed(conf, std::move(rec));
     co_return std::nullopt;
   }
   ex.release();
@@ -279,7 +316,7 @@ void Session::idem_settle(idem::Keyed& k) {
   k.cap.settled = true;
   store::KeyRecord rec = k.rec;
   const std::string& resource = k.rec.resource;
-  switch (idem::fate_of(k.cap.status)) {
+  switch (idem::fate_of(k.cap.status, k.release_statuses, k.unknown_statuses)) {
     case idem::Fate::release:
       rt_.metrics.count(resource, IdemOutcome::released);
       rt_.store.key_release(rec.resource, rec.scope, rec.key, nullptr);

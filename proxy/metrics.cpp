@@ -125,6 +125,16 @@ void render_idempotency_keys(std::string& out, const std::vector<std::pair<std::
   }
 }
 
+void render_idempotency_bytes(std::string& out, const std::vector<std::pair<std::string, std::int64_t>>& bytes) {
+  out += "# HELP fencegate_idempotency_bytes Response bytes kept for replay per resource (issue 30).\n";
+  out += "# TYPE fencegate_idempotency_bytes gauge\n";
+  std::size_t shown = 0;
+  for (const auto& [res, n] : bytes) {
+    if (shown++ >= 1000) break;
+    out += "fencegate_idempotency_bytes{resource=\"" + prom_escape(res) + "\"} " + std::to_string(n) + "\n";
+  }
+}
+
 bool Metrics::totals(std::string_view resource, std::uint64_t* writes, std::uint64_t* refusals) const {
   std::shared_lock lk(mu_);
   auto it = resources_.find(resource);

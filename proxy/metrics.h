@@ -141,6 +141,8 @@ class Metrics {
 // Issue 30: the fencegate_idempotency_keys{resource} gauge (live keys per resource, as the store
 // counts them), at most 1000 series.
 void render_idempotency_keys(std::string& out, const std::vector<std::pair<std::string, std::int64_t>>& counts);
+// Issue 30: the fencegate_idempotency_bytes{resource} gauge (response bytes kept for replay).
+void render_idempotency_bytes(std::string& out, const std::vector<std::pair<std::string, std::int64_t>>& bytes);
 
 // Escapes a Prometheus label value.
 std::string prom_escape(std::string_view v);

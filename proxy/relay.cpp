@@ -108,6 +108,8 @@ task<bool> Session::send_soon(Socket& s, Buffers& bufs, boost::system::error_cod
   if (!all && !ec && timed_out_ && !timed_out_before) ec = net::error::operation_aborted;
   co_return all;
 }
+// Issue 30: idempotency_path.cpp sends replays and its refusals through the batched send path too.
+template task<bool> Session::send_soon(Socket&, std::array<net::const_buffer, 1>&, boost::system::error_code&);
 
 // Sends request bytes upstream; `bufs` is advanced past what went. A send that cannot go at
 // once waits for room while watching the upstream, since a server may answer before it has read

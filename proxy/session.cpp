@@ -538,9 +538,14 @@ task<bool> Session::admit_after_wait(RequestState& rq, Exchange& ex, AdmitNow st
     auto slot = std::make_shared<CrossThreadResult<Decision>>(w_);
     auto later = [slot](Decision dd) { CrossThreadResult<Decision>::fulfil(slot, dd); };
     const bool may_create = may_create_resource(admission_input(rq));
-    const bool now = rq.match.route->mode == Mode::enforce
-                         ? rt_.fence.admit(resource, g, rq.token.leader, &ex.node, &rq.decision, later, may_create)
-                         : rt_.fence.observe(resource, g, rq.token.leader, &rq.decision, later, may_create);
+    // Issue 30: a keyed write that waits for an advance has its key recorded in the advance's
+    // commit (one fsync for both): its key and body are read first (idempotency_path.cpp).
+    const bool enforce = rq.match.route->mode == Mode::enforce;
+    if (enforce && rq.match.route->idempotency && rq.match.route->is_keyed(sc_->head.method))
+      if (std::optional<bool> gone = co_await idem_prepare(rq, ex, true)) co_return *gone;
+    const bool now = enforce ? rt_.fence.admit(resource, g, rq.token.leader, &ex.node, &rq.decision, later, may_create,
+                                               rq.idem_rider)
+                             : rt_.fence.observe(resource, g, rq.token.leader, &rq.decision, later, may_create);
     if (!now) {
       rq.decision = co_await slot->wait();
       prompt_ = true;
@@ -549,6 +554,7 @@ task<bool> Session::admit_after_wait(RequestState& rq, Exchange& ex, AdmitNow st
       if (rq.decision.verdict == Verdict::admit && rq.has_body && body_abandoned(rq.framing, rq.head_len)) {
         log::info("client closed before its body was whole while its write waited for the fence: not forwarded",
                   {log::kv("resource", resource), log::kv("generation", g)});
+        if (rq.idem_rider) rt_.store.abandon(rq.idem_rider);  // issue 30
         co_return false;
       }
     }
@@ -560,6 +566,7 @@ task<bool> Session::admit_after_wait(RequestState& rq, Exchange& ex, AdmitNow st
       *answered = false;
       co_return true;
     }
+    if (rq.idem_rider) rt_.store.abandon(rq.idem_rider);  // issue 30: not admitted, its key goes
   }
   // A refusal. In enforce mode it is answered only once its audit row is durable; when the store
   // cannot make it so, the request fails closed (503).

@@ -289,6 +289,10 @@ class Session {
   // admitted: nullopt to forward it (rq.idem set if its key was recorded in flight), else it was
   // answered here (replay or refusal) and the result is whether the connection goes on.
   task<std::optional<bool>> idem_gate(RequestState& rq, Exchange& ex);
+  // Reads the key and the body (idem_gate's first half; rq.idem_rider set if keyed). `early`:
+  // before the fence decides a write that waits for an advance (so its key can be recorded in
+  // the advance's commit): a missing or malformed key is left for idem_gate, after the fence.
+  task<std::optional<bool>> idem_prepare(RequestState& rq, Exchange& ex, bool early);
   void idem_settle(idem::Keyed& k);    // the upstream's answer has ended: record, release or unknown
   void idem_after(RequestState& rq);   // after forward(): a key not settled reached upstream or not
   void idem_failed(idem::Keyed& k);    // the exchange failed: unknown if it reached upstream, else released

@@ -70,6 +70,8 @@ struct RequestState {
   Decision decision;                        // the fence's, once asked
   Admission admission;                      // the admission decision
   std::shared_ptr<idem::Keyed> idem;        // issue 30: a keyed write recorded in flight (else null)
+  std::shared_ptr<store::KeyRider> idem_rider;  // issue 30: its key and body read (idem_prepare), else null
+  std::uint64_t idem_body = 0;                  // issue 30: the bytes of that body in Scratch::in
 };
 
 // What a connection needs only while it is not parked: buffers and the parsed heads. Leased

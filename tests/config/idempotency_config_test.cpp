@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 
@@ -44,6 +45,8 @@ TEST_CASE("idempotency config: absent is off; {} turns it on with the defaults")
   CHECK(r.idempotency->max_keys == 1000000);
   CHECK_FALSE(r.idempotency->scope_client);
   CHECK_FALSE(r.idempotency->forward_unknown);
+  CHECK(r.idempotency->release_statuses == std::vector<int>{408, 425, 429, 503});
+  CHECK(r.idempotency->unknown_statuses == std::vector<int>{502, 504});
   // Default methods: the route's fenced ones.
   for (const char* m : {"POST", "PUT", "PATCH", "DELETE"}) CHECK(r.is_keyed(m));
   CHECK_FALSE(r.is_keyed("GET"));
@@ -51,7 +54,8 @@ TEST_CASE("idempotency config: absent is off; {} turns it on with the defaults")
 
 TEST_CASE("idempotency config: every field") {
   auto on = load_route(R"(, "idempotency": {"header": "X-Operation-Id", "required": true, "retention": "7d",
-      "max_body_bytes": 1024, "max_keys": 10, "methods": ["POST"], "scope": "client", "on_unknown": "forward"})");
+      "max_body_bytes": 1024, "max_keys": 10, "methods": ["POST"], "scope": "client", "on_unknown": "forward",
+      "release_statuses": [503, 500], "unknown_statuses": []})");
   INFO(errors(on));
   REQUIRE(on.config);
   const Route& r = on.config->routes[0];
@@ -63,6 +67,8 @@ TEST_CASE("idempotency config: every field") {
   CHECK(r.idempotency->max_keys == 10);
   CHECK(r.idempotency->scope_client);
   CHECK(r.idempotency->forward_unknown);
+  CHECK(r.idempotency->release_statuses == std::vector<int>{503, 500});
+  CHECK(r.idempotency->unknown_statuses.empty());
   CHECK(r.is_keyed("POST"));
   CHECK_FALSE(r.is_keyed("PUT"));
 }
@@ -87,6 +93,14 @@ TEST_CASE("idempotency config: errors name the field and why") {
       {R"("idempotency": {"scope": "tenant"})", "routes[0].idempotency.scope: must be \"resource\" or \"client\""},
       {R"("idempotency": {"on_unknown": "retry"})", "routes[0].idempotency.on_unknown: must be \"refuse\" or"},
       {R"("mode": "off", "idempotency": {})", "routes[0].idempotency: the route's mode is off"},
+      {R"("idempotency": {"release_statuses": 503})", "routes[0].idempotency.release_statuses: must be an array"},
+      {R"("idempotency": {"release_statuses": [503, 99]})",
+       "routes[0].idempotency.release_statuses[1]: must be an HTTP status code from 100 to 599"},
+      {R"("idempotency": {"unknown_statuses": ["502"]})",
+       "routes[0].idempotency.unknown_statuses[0]: must be an HTTP status code"},
+      {R"("idempotency": {"unknown_statuses": [600]})", "routes[0].idempotency.unknown_statuses[0]: must be"},
+      {R"("idempotency": {"unknown_statuses": [502, 503]})",
+       "routes[0].idempotency.unknown_statuses: 503 is also in release_statuses"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.json);

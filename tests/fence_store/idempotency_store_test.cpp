@@ -14,6 +14,8 @@ using namespace fencegate::store;
 using fencegate::testing::must_open;
 using fencegate::testing::StoreDir;
 
+using namespace std::chrono_literals;
+
 namespace {
 
 std::int64_t now_ms() {
@@ -225,4 +227,80 @@ TEST_CASE("idempotency store: completed keys are answered from memory until rele
   CHECK_FALSE(settle(*s, f).ok());
   s->inject_commit_failure(false);
   CHECK_FALSE(s->key_cached("r", "", "f", &got));
+}
+
+namespace {
+std::shared_ptr<KeyRider> rider(KeyRecord r, std::uint64_t max_keys = 100) {
+  auto k = std::make_shared<KeyRider>();
+  k->rec = std::move(r);
+  k->max_keys = max_keys;
+  return k;
+}
+Status advance_keyed(Store& s, std::int64_t g, std::vector<std::shared_ptr<KeyRider>> riders) {
+  std::promise<Status> p;
+  s.advance_keyed("r", g, "leader", std::move(riders), [&p](Status st) { p.set_value(st); });
+  return p.get_future().get();
+}
+std::int64_t bytes_of(const Store& s, const std::string& resource) {
+  for (const auto& [r, n] : s.key_bytes())
+    if (r == resource) return n;
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("idempotency store: keys ride in the transaction of a fence advance (one commit)") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  REQUIRE(s->rides_keys());
+  REQUIRE(begin(*s, rec("r", "old")).outcome == KeyBegin::started);
+  const auto commits = s->commit_count();
+  auto a = rider(rec("r", "a")), b = rider(rec("r", "old")), abandoned = rider(rec("r", "gone"));
+  s->abandon(abandoned);  // not admitted before its batch ends: released after it
+  REQUIRE(advance_keyed(*s, 7, {a, b, abandoned}).ok());
+  CHECK(s->commit_count() == commits + 1);  // the advance and its keys: one commit
+  CHECK(a->committed);
+  CHECK(a->result.status.ok());
+  CHECK(a->result.outcome == KeyBegin::started);
+  CHECK(b->result.outcome == KeyBegin::exists);
+  auto all = s->load_all();
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].generation == 7);
+  KeyRecord got;
+  CHECK(s->key_get("r", "", "a", &got, nullptr));
+  CHECK(got.state == KeyState::in_flight);
+  // The abandoned rider's key is released by a later commit.
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    gone = !s->key_get("r", "", "gone", &got, nullptr);
+    if (!gone) std::this_thread::sleep_for(10ms);
+  }
+  CHECK(gone);
+  // Abandoned after its batch: released at once.
+  s->abandon(a);
+  for (int i = 0; i < 200 && s->key_get("r", "", "a", &got, nullptr); ++i) std::this_thread::sleep_for(10ms);
+  CHECK_FALSE(s->key_get("r", "", "a", &got, nullptr));
+  // A failed commit fails its riders; nothing of them is kept.
+  s->inject_commit_failure(true);
+  auto c = rider(rec("r", "c"));
+  CHECK_FALSE(advance_keyed(*s, 8, {c}).ok());
+  CHECK_FALSE(c->result.status.ok());
+  s->inject_commit_failure(false);
+  CHECK_FALSE(s->key_get("r", "", "c", &got, nullptr));
+}
+
+TEST_CASE("idempotency store: the bytes kept for replay per resource") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  REQUIRE(begin(*s, rec("r", "k")).outcome == KeyBegin::started);
+  CHECK(bytes_of(*s, "r") == 0);
+  KeyRecord done = rec("r", "k");
+  done.state = KeyState::completed;
+  done.status = 201;
+  done.headers = "Content-Type: text/plain\r\n";  // 26
+  done.body = "0123456789";
+  REQUIRE(settle(*s, done).ok());
+  CHECK(bytes_of(*s, "r") == 36);
+  REQUIRE(release(*s, "r", "k").ok());
+  CHECK(bytes_of(*s, "r") == 0);
+  CHECK(s->key_bytes().empty());
 }

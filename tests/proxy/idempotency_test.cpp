@@ -62,6 +62,11 @@ TEST_CASE("idempotency: which upstream answers are final") {
   for (int s : {200, 201, 204, 301, 400, 404, 409, 422, 500}) CHECK(idem::fate_of(s) == idem::Fate::record);
   for (int s : {408, 425, 429, 503}) CHECK(idem::fate_of(s) == idem::Fate::release);
   for (int s : {502, 504}) CHECK(idem::fate_of(s) == idem::Fate::unknown);
+  // A route's own lists (idempotency.release_statuses, .unknown_statuses).
+  const std::vector<int> release{500}, unknown{503};
+  CHECK(idem::fate_of(500, release, unknown) == idem::Fate::release);
+  CHECK(idem::fate_of(503, release, unknown) == idem::Fate::unknown);
+  for (int s : {200, 408, 429, 502, 504}) CHECK(idem::fate_of(s, release, unknown) == idem::Fate::record);
 }
 
 TEST_CASE("idempotency: a captured response replays with its body-describing fields") {
