@@ -77,7 +77,11 @@ class FleetStore final : public store::Store {
     (void)resource;
     if (done) done(store::Status::Error("removing a resource is not supported in a fleet yet (docs/fleet.md)"));
   }
-  void append_audit(store::AuditRow row, Done done) override { local_->append_audit(std::move(row), std::move(done)); }
+  // Every audit row of a replica names it (issue 33: `member`).
+  void append_audit(store::AuditRow row, Done done) override {
+    row.member = fleet_.member_;
+    local_->append_audit(std::move(row), std::move(done));
+  }
   std::vector<store::AuditRecord> query_audit(const store::AuditQuery& q, store::Status* status) override {
     return local_->query_audit(q, status);
   }

@@ -27,20 +27,21 @@ class Replica {
   Replica(const std::vector<std::string>& etcd, const std::string& upstream, const std::string& fleet,
           const std::string& member, int drain_ms = 8000)
       : Replica(etcd, fleet, member,
-                nlohmann::json::array({{{"prefix", "/"}, {"upstream", upstream}, {"resource", "ledger"}, {"mode", "enforce"}}}),
+                nlohmann::json::array(
+                    {{{"prefix", "/"}, {"upstream", upstream}, {"resource", "ledger"}, {"mode", "enforce"}}}),
                 {{"drain_timeout_ms", drain_ms}}) {}
   // Any routes; `extra` is merged into the top level of the config (timeouts, ...).
-  Replica(const std::vector<std::string>& etcd, const std::string& fleet, const std::string& member, nlohmann::json routes,
-          nlohmann::json extra)
+  Replica(const std::vector<std::string>& etcd, const std::string& fleet, const std::string& member,
+          nlohmann::json routes, nlohmann::json extra)
       : dir_(std::make_unique<TempDir>("fencegate-fleet")), port_(free_port()), admin_port_(free_port()) {
     while (admin_port_ == port_) admin_port_ = free_port();
     nlohmann::json c = {{"listen", "127.0.0.1:" + std::to_string(port_)},
-              {"db", dir_->file("fence.db")},
-              {"threads", 2},
-              {"drain_timeout_ms", 8000},
-              {"admin", {{"listen", "127.0.0.1:" + std::to_string(admin_port_)}}},
-              {"routes", std::move(routes)},
-              {"fleet", {{"etcd", etcd}, {"name", fleet}, {"member", member}, {"ttl_ms", kFleetTtlMs}}}};
+                        {"db", dir_->file("fence.db")},
+                        {"threads", 2},
+                        {"drain_timeout_ms", 8000},
+                        {"admin", {{"listen", "127.0.0.1:" + std::to_string(admin_port_)}}},
+                        {"routes", std::move(routes)},
+                        {"fleet", {{"etcd", etcd}, {"name", fleet}, {"member", member}, {"ttl_ms", kFleetTtlMs}}}};
     for (auto& [k, v] : extra.items()) c[k] = v;
     write_file(dir_->file("fencegate.json"), c.dump(2));
   }

@@ -75,6 +75,22 @@ TEST_CASE("fleet: a newer generation at one replica is the fence of all three, c
     CHECK_MESSAGE(s.code() == 409, describe(s));
     CHECK(problem_type(s).find("stale-generation") != std::string::npos);
   }
+  // Audit rows carry the replica's member id: in /v1/audit and in `fencegate audit --json`.
+  for (Replica* x : {&a, &b, &c}) {
+    const std::string id = x == &a ? "a" : x == &b ? "b" : "c";
+    REQUIRE(eventually(
+        [&] { return x->admin("/v1/audit?decision=rejected_stale").response.body.find("rows") != std::string::npos; },
+        5s));
+    json rows = json::parse(x->admin("/v1/audit?decision=rejected_stale").response.body, nullptr, false);
+    REQUIRE(rows.is_object());
+    REQUIRE(rows["rows"].size() == 1);
+    CHECK(rows["rows"][0]["member"] == id);
+    auto cli = run_command({kFencegate, "audit", "--db", x->db(), "--json", "--decision", "rejected_stale"}, 20s);
+    CHECK(cli.code() == 0);
+    json line = json::parse(cli.out, nullptr, false);
+    REQUIRE_MESSAGE(line.is_object(), cli.out, cli.err);
+    CHECK(line["member"] == id);
+  }
   // Guarantee 5: the current generation at A and C without an advance of their own.
   const double a_adv = a.metric("fencegate_fleet_advance_seconds_count");
   const double c_adv = c.metric("fencegate_fleet_advance_seconds_count");

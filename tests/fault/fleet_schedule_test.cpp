@@ -9,7 +9,7 @@
 // each is checked alone: 3-4 client threads acting as leaders of several generations (an
 // "election" every 80-250 ms), each request sent to a random replica, and one fault of:
 //   stop_held_up       a replica holds a write of the current generation in flight (the upstream
-//                      answers it 200-800 ms later), is SIGSTOPped for TTL + 1.0-1.5 s, SIGCONT
+//                      answers it 200-800 ms later), is SIGSTOPped for TTL + 0.7-1.1 s, SIGCONT
 //   stop_held_body     the same, the write's body half sent: the rest arrives while it is stopped
 //                      (after SIGCONT it must not pass it on: the relay's membership check)
 //   kill9_before       a replica killed -9 0-2 ms after another replica was sent an advancing
@@ -18,7 +18,7 @@
 //   kill9_advancer     the advancing replica itself killed -9 once its intent is in etcd
 //   etcd_member        an etcd member (not the leader) killed -9, restarted 300-800 ms later
 //   etcd_leader        the etcd leader killed -9, restarted 300-800 ms later
-//   partition_long     a replica's etcd traffic dropped for TTL + 0.7-1.2 s (clients still reach it)
+//   partition_long     a replica's etcd traffic dropped for TTL + 0.5-0.9 s (clients still reach it)
 //   partition_short    a replica's etcd traffic held for 300-900 ms, then delivered
 // Properties 1-5 of history.h must hold per resource: audit rows are read from every replica's
 // store, stored generations are etcd's fence/ keys sampled after each fault and at the end.
@@ -57,9 +57,9 @@ constexpr int kDrainTimeoutMs = 400;
 constexpr int kReplicas = 3;
 const char* const kFleet = "fs";
 
-const std::vector<std::string> kKinds = {"stop_held_up", "stop_held_body", "kill9_before",   "kill9_after",
-                                         "kill9_advancer", "etcd_member",  "etcd_leader",    "partition_long",
-                                         "partition_short"};
+const std::vector<std::string> kKinds = {"stop_held_up", "stop_held_body", "kill9_before",
+                                         "kill9_after",  "kill9_advancer", "etcd_member",
+                                         "etcd_leader",  "partition_long", "partition_short"};
 
 std::optional<std::uint64_t> env_u64(const char* name) {
   const char* v = std::getenv(name);
@@ -92,13 +92,13 @@ Plan make_plan(std::uint64_t seed) {
   p.seed = seed;
   p.resources = pick(1, 2);
   p.clients = pick(3, 4);
-  p.traffic_ms = pick(900, 1300);
+  p.traffic_ms = pick(800, 1100);
   p.kind = kKinds[std::size_t(pick(0, int(kKinds.size()) - 1))];
   p.at_ms = pick(150, 500);
   p.replica = pick(0, kReplicas - 1);
   p.other = (p.replica + pick(1, kReplicas - 1)) % kReplicas;
-  if (p.kind.starts_with("stop_held")) p.length_ms = kFleetTtlMs + pick(1000, 1500);
-  if (p.kind == "partition_long") p.length_ms = kFleetTtlMs + pick(700, 1200);
+  if (p.kind.starts_with("stop_held")) p.length_ms = kFleetTtlMs + pick(700, 1100);
+  if (p.kind == "partition_long") p.length_ms = kFleetTtlMs + pick(500, 900);
   if (p.kind == "partition_short") p.length_ms = pick(300, 900);
   if (p.kind.starts_with("etcd_")) p.length_ms = pick(300, 800);
   if (p.kind == "kill9_before") p.delay_us = pick(0, 2000);
@@ -129,10 +129,8 @@ class Fleet {
       *why = "etcd cluster did not start: " + etcd_.log(0);
       return false;
     }
-    json routes = json::array({{{"prefix", "/r/{res}/"},
-                                {"upstream", up_.url()},
-                                {"resource", "{res}"},
-                                {"mode", "enforce"}}});
+    json routes =
+        json::array({{{"prefix", "/r/{res}/"}, {"upstream", up_.url()}, {"resource", "{res}"}, {"mode", "enforce"}}});
     json extra = {{"drain_timeout_ms", kDrainTimeoutMs},
                   {"upstream_timeout_ms", 3000},
                   {"upstream_connect_timeout_ms", 500},
@@ -555,72 +553,73 @@ std::string summary_markdown(const Totals& t) {
 }  // namespace
 
 TEST_SUITE("fleet schedules") {
-
-TEST_CASE("fleet schedules: randomized faults over three replicas and a three-member etcd keep guarantees 1-3") {
-  FG_REQUIRE_ETCD();
-  Fleet fleet;
-  std::string why;
-  REQUIRE_MESSAGE(fleet.start(&why), why);
-  Totals totals;
-  const auto start = Clock::now();
-  std::vector<std::uint64_t> seeds;
-  if (auto s = env_u64("FG_FAULT_SEED")) {
-    seeds.push_back(*s);
-    totals.base_seed = *s;
-  } else {
-    const int n = int(env_u64("FG_FAULT_FLEET_SCHEDULES").value_or(env_u64("FG_FAULT_SCHEDULES").value_or(kQuickSchedules)));
-    totals.base_seed = env_u64("FG_FAULT_BASE_SEED").value_or(std::uint64_t(std::random_device{}()) % 1000000000ULL);
-    for (int i = 0; i < n; ++i) seeds.push_back(totals.base_seed + std::uint64_t(i));
-  }
-  MESSAGE("fleet schedules: ", seeds.size(), " schedule(s) from seed ", totals.base_seed,
-          " (replay one: FG_FAULT_SEED=<seed>)");
-  const bool verbose = std::getenv("FG_FAULT_VERBOSE") != nullptr;
-  for (auto seed : seeds) {
-    const Plan plan = make_plan(seed);
-    Run run(fleet, plan);
-    std::string harness_error;
-    const auto t = Clock::now();
-    fault::History h = run.execute(totals, &harness_error);
-    ++totals.schedules;
-    std::vector<fault::Violation> v;
-    if (harness_error.empty()) v = fault::check(h);
-    for (const auto& x : v) ++totals.violations[x.property];
-    const bool ok = v.empty() && harness_error.empty();
-    if (verbose || !ok) {
-      const std::string line =
-          plan.describe() + (ok ? " -> ok " : " -> FAILED ") +
-          std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count()) + " ms";
-      MESSAGE(line);
+  TEST_CASE("fleet schedules: randomized faults over three replicas and a three-member etcd keep guarantees 1-3") {
+    FG_REQUIRE_ETCD();
+    Fleet fleet;
+    std::string why;
+    REQUIRE_MESSAGE(fleet.start(&why), why);
+    Totals totals;
+    const auto start = Clock::now();
+    std::vector<std::uint64_t> seeds;
+    if (auto s = env_u64("FG_FAULT_SEED")) {
+      seeds.push_back(*s);
+      totals.base_seed = *s;
+    } else {
+      const int n =
+          int(env_u64("FG_FAULT_FLEET_SCHEDULES").value_or(env_u64("FG_FAULT_SCHEDULES").value_or(kQuickSchedules)));
+      totals.base_seed = env_u64("FG_FAULT_BASE_SEED").value_or(std::uint64_t(std::random_device{}()) % 1000000000ULL);
+      for (int i = 0; i < n; ++i) seeds.push_back(totals.base_seed + std::uint64_t(i));
     }
-    if (!ok) {
-      ++totals.failed;
-      totals.failing_seeds.push_back(seed);
-      FAIL_CHECK("schedule failed: ", plan.describe(), "\nreplay: FG_FAULT_SEED=", seed,
-                 " <build>/tests/test_fault -tc='fleet schedules*'\n",
-                 harness_error.empty() ? "" : "harness error: " + harness_error + "\n", fault::describe(v), "\n",
-                 fleet.replica(plan.replica).log());
-      if (!harness_error.empty()) break;  // the shared fleet is in an unknown state
+    MESSAGE("fleet schedules: ", seeds.size(), " schedule(s) from seed ", totals.base_seed,
+            " (replay one: FG_FAULT_SEED=<seed>)");
+    const bool verbose = std::getenv("FG_FAULT_VERBOSE") != nullptr;
+    for (auto seed : seeds) {
+      const Plan plan = make_plan(seed);
+      Run run(fleet, plan);
+      std::string harness_error;
+      const auto t = Clock::now();
+      fault::History h = run.execute(totals, &harness_error);
+      ++totals.schedules;
+      std::vector<fault::Violation> v;
+      if (harness_error.empty()) v = fault::check(h);
+      for (const auto& x : v) ++totals.violations[x.property];
+      const bool ok = v.empty() && harness_error.empty();
+      if (verbose || !ok) {
+        const std::string line =
+            plan.describe() + (ok ? " -> ok " : " -> FAILED ") +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count()) + " ms";
+        MESSAGE(line);
+      }
+      if (!ok) {
+        ++totals.failed;
+        totals.failing_seeds.push_back(seed);
+        FAIL_CHECK("schedule failed: ", plan.describe(), "\nreplay: FG_FAULT_SEED=", seed,
+                   " <build>/tests/test_fault -tc='fleet schedules*'\n",
+                   harness_error.empty() ? "" : "harness error: " + harness_error + "\n", fault::describe(v), "\n",
+                   fleet.replica(plan.replica).log());
+        if (!harness_error.empty()) break;  // the shared fleet is in an unknown state
+      }
     }
-  }
-  totals.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  MESSAGE("fleet schedules: ", totals.schedules, " schedules, ", totals.client_ops, " client requests, ",
-          totals.upstream_requests, " upstream requests, ", totals.restarts, " restarts, ", totals.failed,
-          " failed, ", int(totals.seconds), " s");
-  if (const char* path = std::getenv("FG_FAULT_FLEET_SUMMARY"); path && *path)
-    write_file(path, summary_markdown(totals));
-  CHECK(totals.failed == 0);
+    totals.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    MESSAGE("fleet schedules: ", totals.schedules, " schedules, ", totals.client_ops, " client requests, ",
+            totals.upstream_requests, " upstream requests, ", totals.restarts, " restarts, ", totals.failed,
+            " failed, ", int(totals.seconds), " s");
+    if (const char* path = std::getenv("FG_FAULT_FLEET_SUMMARY"); path && *path)
+      write_file(path, summary_markdown(totals));
+    CHECK(totals.failed == 0);
   // The recorder recorded a run worth checking: writes forwarded, stale ones refused.
-  CHECK(totals.upstream_requests > 0);
-  CHECK(totals.statuses["200"] > 0);
-  if (seeds.size() >= 5) CHECK(totals.statuses["409"] > 0);
-}
+    CHECK(totals.upstream_requests > 0);
+    CHECK(totals.statuses["200"] > 0);
+    if (seeds.size() >= 5) CHECK(totals.statuses["409"] > 0);
+  }
 
 }  // TEST_SUITE
 
 // Guarantee 4 for a partition: the replica's etcd traffic goes through relays the test controls;
 // clients still reach it.
-TEST_CASE("fleet partition: a replica cut off from etcd but not from clients answers 503 within its TTL, "
-          "lets nothing old through, and serves again once it is a member") {
+TEST_CASE(
+    "fleet partition: a replica cut off from etcd but not from clients answers 503 within its TTL, "
+    "lets nothing old through, and serves again once it is a member") {
   FG_REQUIRE_ETCD();
   EtcdServer etcd;
   FG_START_ETCD(etcd);
