@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "election_client/base64.h"
 #include "election_client/etcd_client.h"
+#include "election_client/watch.h"
 #include "proxy/fence.h"
 #include "proxy/timefmt.h"
 
@@ -119,6 +120,40 @@ Fleet::Fleet(const config::Config& cfg)
   client_ = std::make_unique<election::Client>(o);
 }
 
+// Guarantee 5 (docs/fleet.md, "Reading the fleet"): a put of fence/<r> or intent/<r> reaches
+// the Fence as soon as etcd sends it.
+void Fleet::start_watch() {
+  if (watch_) watch_->stop();
+  election::Watch::Options o;
+  o.client = client_->options();
+  o.prefix = prefix_;
+  o.reconnect = true;
+  o.reconnect_backoff = std::chrono::milliseconds(100);
+  // A stream silent this long is taken as stuck (a black-holed connection) and opened again.
+  o.idle_timeout = 3 * ttl_;
+  watch_dead_.store(false);
+  watch_ = std::make_unique<election::Watch>(
+      o, [this](const election::WatchBatch& b) { on_watch(b); },
+      [this](election::Watch::State s, std::int64_t, const election::Status&) {
+        if (s == election::Watch::State::compacted || s == election::Watch::State::stopped) watch_dead_.store(true);
+      });
+  watch_->start();
+}
+
+void Fleet::on_watch(const election::WatchBatch& b) {
+  if (!fence_) return;
+  const std::string fp = key("fence/", ""), ip = key("intent/", "");
+  for (const auto& e : b.events) {
+    if (e.type != election::WatchEvent::Type::put) continue;
+    const std::string& k = e.kv.key;
+    if (k.starts_with(fp)) {
+      if (std::int64_t g = parse_gen(e.kv.value); g > 0) fence_->note_remote(k.substr(fp.size()), g);
+    } else if (k.starts_with(ip)) {
+      if (std::int64_t g = parse_gen(e.kv.value); g > 0) fence_->note_remote(k.substr(ip.size()), g);
+    }
+  }
+}
+
 Fleet::~Fleet() { stop(); }
 
 std::string Fleet::key(std::string_view kind, std::string_view rest) const {
@@ -151,6 +186,7 @@ void Fleet::stop() {
   if (stopping_.exchange(true)) return;
   cv_.notify_all();
   if (loop_.joinable()) loop_.join();
+  if (watch_) watch_->stop();
   if (guard_.joinable()) guard_.join();
   {
     std::unique_lock lk(mu_);
@@ -200,10 +236,10 @@ void Fleet::loop() {
         continue;
       }
       next_round = std::chrono::steady_clock::now() + ttl_ / 3;
+      if (!watch_ || watch_dead_.load()) start_watch();
     } else if (std::chrono::steady_clock::now() >= next_round) {
       next_round = std::chrono::steady_clock::now() + (renew() ? ttl_ / 3 : std::chrono::milliseconds(100));
-    } else {
-      (void)poll();
+      if (watch_dead_.load()) start_watch();
     }
     if (!sleep_for(kPollEvery)) return;
   }
