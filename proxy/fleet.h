@@ -116,6 +116,8 @@ class Fleet {
   };
   std::vector<MemberView> members_;  // Guarded by mu_: from the last read of members/
   int advances_running_ = 0;         // Guarded by mu_
+  // When the last intent transaction of this replica returned (for the advance's time split).
+  std::atomic<std::chrono::steady_clock::time_point> intent_done_{};
   std::thread loop_, guard_;
 };
 
