@@ -27,8 +27,8 @@ inline std::string audit_query_sql(unsigned mask, bool traceparent, bool client_
   std::string sql =
       "SELECT id, time_ms, resource, decision, presented_generation, current_generation, method, target,"
       " client, leader, mode, user_agent, " +
-      std::string(traceparent ? "traceparent" : "''") + ", " + (client_identity ? "client_identity" : "''") +
-      ", " + (member ? "member" : "''") + " FROM audit WHERE 1";
+      std::string(traceparent ? "traceparent" : "''") + ", " + (client_identity ? "client_identity" : "''") + ", " +
+      (member ? "member" : "''") + " FROM audit WHERE 1";
   if (mask & kResource) sql += " AND resource = :resource";
   if (mask & kDecision) sql += " AND decision = :decision";
   if (mask & kLeader) sql += " AND leader = :leader";
@@ -118,8 +118,7 @@ class Reader {
                     (q.after_id > 0 ? kAfter : 0u);
     sqlite3_stmt*& st = audit_[mask];
     if (!st && !prepare(audit_query_sql(mask, has_column(db_, "audit", "traceparent"),
-                                        has_column(db_, "audit", "client_identity"),
-                                        has_column(db_, "audit", "member"))
+                                        has_column(db_, "audit", "client_identity"), has_column(db_, "audit", "member"))
                             .c_str(),
                         &st, status))
       return out;
