@@ -141,9 +141,16 @@ void Fleet::start_watch() {
 }
 
 void Fleet::on_watch(const election::WatchBatch& b) {
+  {
+    // An advance waiting for acknowledgements (or for another's commit) reads again at once.
+    std::lock_guard lk(mu_);
+    ++watch_events_;
+  }
+  cv_.notify_all();
   if (!fence_) return;
-  const std::string fp = key("fence/", ""), ip = key("intent/", "");
+  const std::string fp = key("fence/", ""), ip = key("intent/", ""), mp = key("members/", "");
   for (const auto& e : b.events) {
+    if (e.kv.key.starts_with(mp)) members_dirty_.store(true);  // the fleet thread reads members/ again
     if (e.type != election::WatchEvent::Type::put) continue;
     const std::string& k = e.kv.key;
     if (k.starts_with(fp)) {
@@ -198,6 +205,17 @@ void Fleet::stop() {
 
 bool Fleet::member() const { return BootClock::now_ns() < deadline_ns_.load(std::memory_order_acquire); }
 
+bool Fleet::wait_event(std::uint64_t since, std::chrono::milliseconds d) {
+  std::unique_lock lk(mu_);
+  cv_.wait_for(lk, d, [&] { return stopping_.load() || watch_events_ != since; });
+  return !stopping_.load();
+}
+
+std::uint64_t Fleet::events() const {
+  std::lock_guard lk(mu_);
+  return watch_events_;
+}
+
 bool Fleet::sleep_for(std::chrono::milliseconds d) {
   std::unique_lock lk(mu_);
   cv_.wait_for(lk, d, [this] { return stopping_.load(); });
@@ -240,6 +258,8 @@ void Fleet::loop() {
     } else if (std::chrono::steady_clock::now() >= next_round) {
       next_round = std::chrono::steady_clock::now() + (renew() ? ttl_ / 3 : std::chrono::milliseconds(100));
       if (watch_dead_.load()) start_watch();
+    } else if (members_dirty_.exchange(false)) {
+      (void)poll();  // a member joined or left: GET /v1/fleet shows it at once
     }
     if (!sleep_for(kPollEvery)) return;
   }
@@ -355,6 +375,7 @@ store::Status Fleet::run_advance(const std::string& r, std::int64_t w) {
     if (!member()) return store::Status::Error("fleet-unavailable: not a member of fleet " + name_);
     if (BootClock::now() > give_up) return store::Status::Error("fleet: the advance did not complete in time");
     // 1. read
+    const std::uint64_t seen_events = events();
     std::vector<KeyValue> f, i;
     if (!client_->range(fk, "", &f).ok() || !client_->range(ik, "", &i).ok()) {
       if (!sleep_for(std::chrono::milliseconds(20))) continue;
@@ -378,7 +399,7 @@ store::Status Fleet::run_advance(const std::string& r, std::int64_t w) {
         (void)wait_and_commit(r, X, imod, fmod, give_up, std::chrono::steady_clock::now());
         continue;
       }
-      if (!sleep_for(std::chrono::milliseconds(5))) continue;
+      (void)wait_event(seen_events, std::chrono::milliseconds(50));  // its commit comes through the watch
       continue;
     }
     // 4. no intent, or a lower one (acknowledged first): put ours
@@ -410,6 +431,7 @@ bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t i
   std::chrono::steady_clock::time_point acks_done{};
   for (;;) {
     if (stopping_.load() || !member() || BootClock::now() > give_up) return false;
+    const std::uint64_t seen_events = events();
     std::vector<KeyValue> members, acks, i;
     if (!client_->range(ik, "", &i).ok() || !client_->range(mp, election::prefix_range_end(mp), &members).ok() ||
         !client_->range(ap, election::prefix_range_end(ap), &acks).ok()) {
@@ -433,7 +455,8 @@ bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t i
       }
     }
     if (!all) {
-      if (!sleep_for(std::chrono::milliseconds(5))) return false;
+      // The acknowledgements (and member keys going) come through the watch; 50 ms if it lags.
+      if (!wait_event(seen_events, std::chrono::milliseconds(50))) return false;
       continue;
     }
     if (acks_done == std::chrono::steady_clock::time_point{}) acks_done = std::chrono::steady_clock::now();

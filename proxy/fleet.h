@@ -88,6 +88,9 @@ class Fleet {
                        BootClock::time_point give_up, std::chrono::steady_clock::time_point started);
   bool put_ack(const std::string& r, std::int64_t x);
   bool sleep_for(std::chrono::milliseconds d);  // false if stopping
+  // Until a watch event after `since` (events()), or d; false if stopping.
+  bool wait_event(std::uint64_t since, std::chrono::milliseconds d);
+  std::uint64_t events() const;
 
   std::string key(std::string_view kind, std::string_view rest) const;
   std::string ack_key(const std::string& r, std::int64_t x, std::string_view member) const;
@@ -98,7 +101,9 @@ class Fleet {
   const std::chrono::milliseconds ttl_, margin_, drain_timeout_;
   std::unique_ptr<election::Client> client_;
   std::unique_ptr<election::Watch> watch_;    // the fleet thread's only
-  std::atomic<bool> watch_dead_{false};       // it stopped (compacted): the fleet thread restarts it
+  std::atomic<bool> watch_dead_{false};
+  std::atomic<bool> members_dirty_{
+      false};  // the watch saw members/ change       // it stopped (compacted): the fleet thread restarts it
   Fence* fence_ = nullptr;
   store::Store* local_ = nullptr;  // owned by the FleetStore
 
@@ -116,6 +121,7 @@ class Fleet {
   };
   std::vector<MemberView> members_;  // Guarded by mu_: from the last read of members/
   int advances_running_ = 0;         // Guarded by mu_
+  std::uint64_t watch_events_ = 0;   // Guarded by mu_: watch batches received
   // When the last intent transaction of this replica returned (for the advance's time split).
   std::atomic<std::chrono::steady_clock::time_point> intent_done_{};
   std::thread loop_, guard_;

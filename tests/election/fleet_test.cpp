@@ -106,8 +106,14 @@ TEST_CASE("fleet: a newer generation at one replica is the fence of all three, c
   CHECK(tokens(up) == std::vector<std::int64_t>{1, 2, 2, 2});
   check_monotonic(up);
 
-  // GET /v1/fleet
-  auto f = a.admin("/v1/fleet");
+  // GET /v1/fleet (its members list follows members/ through the watch)
+  ReadResult f;
+  CHECK(eventually(
+      [&] {
+        f = a.admin("/v1/fleet");
+        return f.code() == 200 && json::parse(f.response.body, nullptr, false)["members"].size() == 3;
+      },
+      3s));
   REQUIRE(f.code() == 200);
   json j = json::parse(f.response.body, nullptr, false);
   REQUIRE(j.is_object());
