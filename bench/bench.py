@@ -1236,6 +1236,136 @@ backend be
                    all(v["errors"] == 0 for v in self.res["idempotency"].values()))
         self.procs.stop(p)
 
+    # ------------------------------------------------------------------ fleet (issue 33)
+
+    def fleet_etcd(self):
+        """One etcd member on loopback (the fleet's coordination service) in its own data dir."""
+        d = os.path.join(self.tmp, "etcd")
+        os.makedirs(d)
+        cport, pport = free_port(), free_port()
+        cu, pu = f"http://127.0.0.1:{cport}", f"http://127.0.0.1:{pport}"
+        p = self.procs.start("etcd", ["etcd", "--name", "b0", "--data-dir", os.path.join(d, "data"),
+                                      "--listen-client-urls", cu, "--advertise-client-urls", cu,
+                                      "--listen-peer-urls", pu, "--initial-advertise-peer-urls", pu,
+                                      "--initial-cluster", f"b0={pu}", "--log-level", "warn"], cpu=self.load_cpu)
+        wait_port(cport, p, "etcd")
+        return cport
+
+    def fleet_replica(self, name, routes, fleet=None):
+        d = os.path.join(self.tmp, name)
+        os.makedirs(d)
+        port, admin = free_port(), free_port()
+        cfg = {"listen": f"127.0.0.1:{port}", "db": os.path.join(d, "fence.db"), "threads": 1, "log_level": "info",
+               "admin": {"listen": f"127.0.0.1:{admin}"},
+               "routes": [dict(r, upstream=f"http://127.0.0.1:{self.up_port}") for r in routes]}
+        if fleet:
+            cfg["fleet"] = fleet
+        with open(os.path.join(d, "fencegate.json"), "w") as f:
+            json.dump(cfg, f, indent=1)
+        p = self.procs.start(name, [self.fg, "serve", "--config", os.path.join(d, "fencegate.json")],
+                             cpu=self.target_cpu)
+        wait_port(port, p, name)
+        wait_port(admin, p, name)
+        until = time.time() + 20
+        while http(admin, "GET", "/readyz", body=b"")[0] != 200:
+            if time.time() > until:
+                raise RuntimeError(f"{name} never became ready")
+            time.sleep(0.05)
+        return port, p
+
+    @staticmethod
+    def etcd_txn_times(cport, n):
+        """n compare-and-put transactions (compare the key's mod_revision, put it), one at a time on
+        one keep-alive connection, as a replica's commit is: seconds each."""
+        import base64, http.client
+        b64 = lambda x: base64.b64encode(x.encode()).decode()
+        c = http.client.HTTPConnection("127.0.0.1", cport, timeout=10)
+        key, rev, out = b64("bench/txn"), 0, []
+        for i in range(n):
+            body = json.dumps({"compare": [{"key": key, "target": "MOD", "result": "EQUAL", "mod_revision": str(rev)}],
+                               "success": [{"request_put": {"key": key, "value": b64(str(i))}}]})
+            t0 = time.perf_counter()
+            c.request("POST", "/v3/kv/txn", body, {"Content-Type": "application/json"})
+            r = json.loads(c.getresponse().read())
+            out.append(time.perf_counter() - t0)
+            rev = int(r["header"]["revision"]) if r.get("succeeded") else rev
+        c.close()
+        return out
+
+    def fleet(self):
+        """Issue 33: equal-generation fenced POSTs through one replica of a fleet of three against the
+        same binary without `fleet` (no etcd on that path), and advances with three live replicas
+        against a single etcd transaction measured alone, in the same run."""
+        pct = lambda xs, q: sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
+        cport = self.fleet_etcd()
+        routes = [{"prefix": "/adv", "resource": "adv", "mode": "enforce"},
+                  {"prefix": "/", "resource": "bench", "mode": "enforce"}]
+        reps = []
+        for i in range(3):
+            fl = {"etcd": [f"http://127.0.0.1:{cport}"], "name": "bench", "member": f"r{i}", "ttl_ms": 5000}
+            reps.append(self.fleet_replica(f"fleet-r{i}", routes, fl))
+        solo_port, solo = self.fleet_replica("fleet-off", routes)
+        for port in (reps[0][0], solo_port):
+            st = http(port, "POST", "/bench", token=TOKEN)[0]
+            self.check(f"fleet: the load generation is admitted on port {port}", st == 200)
+        rounds = env_int("BENCH_FLEET_ROUNDS", 3)
+        runs = {"fleet-replica": [], "no-fleet": []}
+        for _ in range(rounds):  # alternated, so drift on a shared machine hits both alike
+            runs["fleet-replica"].append(self.wrk(reps[0][0], self.duration, name="wrk-fleet"))
+            runs["no-fleet"].append(self.wrk(solo_port, self.duration, name="wrk-nofleet"))
+        med = lambda xs: sorted(xs)[len(xs) // 2]
+        thr = {k: {"rps": med([r["rps"] for r in v]), "p99_ms": med([r["p99_us"] for r in v]) / 1000,
+                   "errors": sum(r["status_err"] + r["sock_err"] for r in v)} for k, v in runs.items()}
+        self.procs.stop(solo)
+        # Advances: one at a time, rotating over the replicas, nothing else running.
+        n = env_int("BENCH_FLEET_ADVANCES", 100)
+        adv = []
+        for g in range(1, n + 1):
+            t0 = time.perf_counter()
+            st = http(reps[g % 3][0], "POST", "/adv", token=str(g))[0]
+            adv.append(time.perf_counter() - t0)
+            self.check(f"fleet: advance to {g} answered 200", st == 200) if st != 200 else None
+        txn = self.etcd_txn_times(cport, n)
+        split = {"intent_ms": [], "acks_ms": [], "commit_ms": []}
+        for i in range(3):
+            with open(os.path.join(self.tmp, f"fleet-r{i}.log"), errors="replace") as f:
+                for line in f:
+                    if '"fleet: advance committed"' in line and '"resource":"adv"' in line:
+                        j = json.loads(line)
+                        for k in split:
+                            split[k].append(float(j[k]))
+        self.res["fleet"] = {
+            "throughput": thr, "rounds": rounds, "n": n,
+            "advance_p50_ms": pct(adv, 0.5) * 1000, "advance_p99_ms": pct(adv, 0.99) * 1000,
+            "txn_p50_ms": pct(txn, 0.5) * 1000, "txn_p99_ms": pct(txn, 0.99) * 1000,
+            "split": {k: (pct(v, 0.5), pct(v, 0.99), len(v)) for k, v in split.items() if v},
+        }
+        for r in reps:
+            self.procs.stop(r[1])
+
+    def fleet_report(self, L):
+        f = self.res.get("fleet")
+        if not f:
+            return
+        t = f["throughput"]
+        fr, nf = t["fleet-replica"], t["no-fleet"]
+        L.append("### Fleet (issue 33)\n")
+        L.append(f"Three replicas of one fleet on one etcd member (loopback), ttl_ms 5000; the same binary without "
+                 f"`fleet` beside them; {f['rounds']} alternated wrk runs each (median).\n")
+        L.append("| target | req/s | p99 ms | errors |\n|---|---:|---:|---:|")
+        L.append(f"| one replica of a fleet of three | {fr['rps']:.0f} | {fr['p99_ms']:.2f} | {fr['errors']} |")
+        L.append(f"| no fleet | {nf['rps']:.0f} | {nf['p99_ms']:.2f} | {nf['errors']} |\n")
+        L.append(f"{f['n']} advances one at a time, rotating over the three replicas (POST with token k+1, send to "
+                 f"response): p50 {f['advance_p50_ms']:.2f} ms, p99 {f['advance_p99_ms']:.2f} ms. A single etcd "
+                 f"compare-and-put transaction alone ({f['n']}, keep-alive): p50 {f['txn_p50_ms']:.2f} ms, p99 "
+                 f"{f['txn_p99_ms']:.2f} ms.\n")
+        if f["split"]:
+            L.append("How an advance's time divides (the replicas' `fleet: advance committed` lines):\n")
+            L.append("| stage | p50 ms | p99 ms | n |\n|---|---:|---:|---:|")
+            for k, (p50, p99, n) in f["split"].items():
+                L.append(f"| {k[:-3]} | {p50:.2f} | {p99:.2f} | {n} |")
+            L.append("")
+
     def run(self):
         try:
             self.setup()
@@ -1256,6 +1386,8 @@ backend be
                 self.tls()
             if "scale" in self.parts:
                 self.scale()
+            if "fleet" in self.parts:  # issue 33
+                self.fleet()
         finally:
             self.loadavg_end = open("/proc/loadavg").read().split()[:3]
             self.procs.stop_all()
@@ -1299,6 +1431,14 @@ backend be
         if u:
             out.append((f"{human_bytes(u['bytes'])} streamed upload: peak RSS <= 64 MiB", f"{u['hwm_mib']:.1f} MiB",
                         u["hwm_mib"] <= 64 and u["status"] == 200))
+        f = self.res.get("fleet")  # issue 33
+        if f:
+            fr, nf = f["throughput"]["fleet-replica"], f["throughput"]["no-fleet"]
+            out.append(("Fleet: equal-generation POSTs via one replica of three >= 0.9x without fleet",
+                        f"{fr['rps'] / nf['rps']:.2f}x", fr["rps"] >= 0.9 * nf["rps"]))
+            out.append(("Fleet: advance p99 (three live replicas) <= 4x one etcd txn p99",
+                        f"{f['advance_p99_ms']:.2f} ms vs 4 x {f['txn_p99_ms']:.2f} ms",
+                        f["advance_p99_ms"] <= 4 * f["txn_p99_ms"]))
         return out
 
     def targets_29(self):
@@ -1494,6 +1634,7 @@ backend be
         self.report_tls(L)
         self.report_scale(L)
         tg = self.targets()
+        self.fleet_report(L)  # issue 33
         if tg:
             L.append("### Targets (issues 6 and 29)\n")
             L.append("| target | measured | |")

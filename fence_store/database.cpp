@@ -393,6 +393,10 @@ std::string prepare_writer(sqlite3* db, const std::string& path) {
   if (!has_column(db, "audit", "client_identity"))
     if (auto e = exec(db, "ALTER TABLE audit ADD COLUMN client_identity TEXT NOT NULL DEFAULT ''"); !e.empty())
       return "cannot add the audit log's client_identity column to database " + path + ": " + e;
+  // The same for `member` (fleet, issue 33: the replica's fleet member id).
+  if (!has_column(db, "audit", "member"))
+    if (auto e = exec(db, "ALTER TABLE audit ADD COLUMN member TEXT NOT NULL DEFAULT ''"); !e.empty())
+      return "cannot add the audit log's member column to database " + path + ": " + e;
   if (auto e = create_idempotency_table(db); !e.empty())  // issue 30
     return "cannot add the idempotency key table to database " + path + ": " + e;
   // Issue 29: the unfenced-callers report over a window (`decision IN (...) AND time_ms >= since`)

@@ -22,13 +22,13 @@ constexpr unsigned kFilterCount = 128;  // every combination of the filters abov
 
 // `traceparent`: whether the audit table has that column (a database no newer fencegate has
 // written to yet does not: its rows read as "").
-// The same for `client_identity` (TLS, issue 27).
-inline std::string audit_query_sql(unsigned mask, bool traceparent, bool client_identity) {
+// The same for `client_identity` (TLS, issue 27) and `member` (fleet, issue 33).
+inline std::string audit_query_sql(unsigned mask, bool traceparent, bool client_identity, bool member = false) {
   std::string sql =
       "SELECT id, time_ms, resource, decision, presented_generation, current_generation, method, target,"
       " client, leader, mode, user_agent, " +
-      std::string(traceparent ? "traceparent" : "''") + ", " + (client_identity ? "client_identity" : "''") +
-      " FROM audit WHERE 1";
+      std::string(traceparent ? "traceparent" : "''") + ", " + (client_identity ? "client_identity" : "''") + ", " +
+      (member ? "member" : "''") + " FROM audit WHERE 1";
   if (mask & kResource) sql += " AND resource = :resource";
   if (mask & kDecision) sql += " AND decision = :decision";
   if (mask & kLeader) sql += " AND leader = :leader";
@@ -118,7 +118,7 @@ class Reader {
                     (q.after_id > 0 ? kAfter : 0u);
     sqlite3_stmt*& st = audit_[mask];
     if (!st && !prepare(audit_query_sql(mask, has_column(db_, "audit", "traceparent"),
-                                        has_column(db_, "audit", "client_identity"))
+                                        has_column(db_, "audit", "client_identity"), has_column(db_, "audit", "member"))
                             .c_str(),
                         &st, status))
       return out;
@@ -148,6 +148,7 @@ class Reader {
       r.row.user_agent = col_text(st, 11);
       r.row.traceparent = col_text(st, 12);
       r.row.client_identity = col_text(st, 13);
+      r.row.member = col_text(st, 14);  // fleet (issue 33)
       return r;
     });
   }

@@ -68,8 +68,8 @@ class OwnedStore final : public TestableStore {
          " advanced_at_ms = excluded.advanced_at_ms, advanced_by = excluded.advanced_by"
          " WHERE excluded.generation > resources.generation"),
         ("INSERT INTO audit(time_ms, resource, decision, presented_generation, current_generation, method,"
-         " target, client, leader, mode, user_agent, traceparent, client_identity)"
-         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
+         " target, client, leader, mode, user_agent, traceparent, client_identity, member)"
+         " VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"),
         // Retention: each runs in autocommit mode, one chunk per transaction. A DELETE that matches
         // nothing writes no WAL frame, so an idle check costs an index probe and no fsync.
         "DELETE FROM audit WHERE id IN (SELECT id FROM audit WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)",
@@ -711,6 +711,7 @@ class OwnedStore final : public TestableStore {
         bind_text(st, 11, r.user_agent);
         bind_text(st, 12, r.traceparent);
         bind_text(st, 13, r.client_identity);
+        bind_text(st, 14, r.member);  // fleet (issue 33)
       }
       ok = step(st, &err);
       sqlite3_clear_bindings(st);

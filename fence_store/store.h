@@ -55,6 +55,7 @@ struct AuditRow {
   std::string user_agent;
   std::string traceparent;                // W3C trace context of the request ("" if none or invalid)
   std::string client_identity;            // TLS (issue 27): the verified client certificate's identity ("" none)
+  std::string member;                     // fleet (issue 33): the replica's fleet member id ("" not in a fleet)
 };
 
 // Every decision an audit row can record (what the proxy writes; queries filter on these).

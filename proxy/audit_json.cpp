@@ -84,6 +84,8 @@ void append_audit_row_json(std::string* out, const store::AuditRecord& rec) {
   json_string(out, r.traceparent);
   *out += ",\"client_identity\":";  // TLS (issue 27): the verified client certificate's identity; "" none
   json_string(out, r.client_identity);
+  *out += ",\"member\":";  // fleet (issue 33): the replica's fleet member id; "" not in a fleet
+  json_string(out, r.member);
   *out += '}';
 }
 

@@ -227,6 +227,11 @@ class Fence {
   // Calls abort on every in-flight enforce write not yet aborted (membership lapsed). Returns
   // how many it aborted.
   std::size_t abort_inflight();
+  // The relay asks this right before it sends request bytes upstream (proxy/relay.cpp): false iff
+  // `n` is a linked enforce write and this replica is not a member now. Closes the window in which
+  // a replica resumed after SIGSTOP (its lease gone) passes on bytes of a write it admitted before
+  // the stop, before its fleet thread has run to abort it. Thread-safe (a clock read).
+  bool fleet_allows_send(const InflightNode& n) const { return n.resource == nullptr || n.observed || gate_open(); }
 
   // Called (on whichever thread ends the drain) with how long each drain waited.
   // REQUIRES: set before traffic starts.

@@ -1,9 +1,11 @@
 // Fleet: one fence shared by several fencegate replicas on etcd (docs/fleet.md, issue 33).
 //
 // Fleet owns this replica's membership (an etcd lease and the key members/<member>, renewed by
-// rounds of keepalive + a read of intent/ and fence/, with a deadline on the boot clock), reads
-// fence/ and intent/ every kPollEvery and raises the local Fence's `seen` for what it finds
-// (Fence::note_remote), and aborts the in-flight fenced exchanges once the deadline has passed.
+// rounds of keepalive + a read of intent/ and fence/, with a deadline on the boot clock), keeps
+// the local Fence current through an etcd watch of its prefix (every put of fence/ or intent/
+// raises `seen`: Fence::note_remote; each renewal round's read does the same, so a watch that
+// lags or breaks costs latency, never safety), and aborts the in-flight fenced exchanges once
+// the deadline has passed.
 // wrap() returns the Store the Fence is given: its advance() runs the etcd protocol (intent,
 // acknowledgements, commit) on a thread of its own; every other call goes to the local SQLite
 // store (audit, queries).
@@ -32,7 +34,9 @@
 
 namespace fencegate::election {
 class Client;
+class Watch;
 struct KeyValue;
+struct WatchBatch;
 }  // namespace fencegate::election
 
 namespace fencegate::proxy {
@@ -41,6 +45,7 @@ class Fence;
 
 class Fleet {
  public:
+  // The fleet thread's tick (no etcd request: it only checks whether a renewal round is due).
   static constexpr std::chrono::milliseconds kPollEvery{25};
 
   // REQUIRES: cfg.fleet.enabled() (validated).
@@ -73,6 +78,8 @@ class Fleet {
   bool join();
   bool renew();
   bool poll();
+  void start_watch();  // (re)starts the watch of prefix_ from now
+  void on_watch(const election::WatchBatch& b);
   void advance(std::string resource, std::int64_t w, std::string leader, Done done);
   store::Status run_advance(const std::string& r, std::int64_t w);
   // Waits for the acknowledgements of intent X (ours, at mod_revision I), then commits it.
@@ -81,6 +88,9 @@ class Fleet {
                        BootClock::time_point give_up, std::chrono::steady_clock::time_point started);
   bool put_ack(const std::string& r, std::int64_t x);
   bool sleep_for(std::chrono::milliseconds d);  // false if stopping
+  // Until a watch event after `since` (events()), or d; false if stopping.
+  bool wait_event(std::uint64_t since, std::chrono::milliseconds d);
+  std::uint64_t events() const;
 
   std::string key(std::string_view kind, std::string_view rest) const;
   std::string ack_key(const std::string& r, std::int64_t x, std::string_view member) const;
@@ -90,6 +100,10 @@ class Fleet {
   const std::string name_, member_;
   const std::chrono::milliseconds ttl_, margin_, drain_timeout_;
   std::unique_ptr<election::Client> client_;
+  std::unique_ptr<election::Watch> watch_;    // the fleet thread's only
+  std::atomic<bool> watch_dead_{false};
+  std::atomic<bool> members_dirty_{
+      false};  // the watch saw members/ change       // it stopped (compacted): the fleet thread restarts it
   Fence* fence_ = nullptr;
   store::Store* local_ = nullptr;  // owned by the FleetStore
 
@@ -107,6 +121,9 @@ class Fleet {
   };
   std::vector<MemberView> members_;  // Guarded by mu_: from the last read of members/
   int advances_running_ = 0;         // Guarded by mu_
+  std::uint64_t watch_events_ = 0;   // Guarded by mu_: watch batches received
+  // When the last intent transaction of this replica returned (for the advance's time split).
+  std::atomic<std::chrono::steady_clock::time_point> intent_done_{};
   std::thread loop_, guard_;
 };
 

@@ -119,6 +119,12 @@ template task<bool> Session::send_soon(Socket&, std::array<net::const_buffer, 1>
 template <class Buffers>
 task<bool> Session::send_request(UpConn& up, Buffers& bufs, boost::system::error_code& ec) {
   for (;;) {
+    if (sending_ && !sending_->fence.fleet_allows_send(sending_->node)) {  // issue 33 (docs/fleet.md)
+      sending_->aborted = true;  // as the fleet thread's abort would: nothing more goes upstream
+      up.sock.close(ec);
+      ec = net::error::operation_aborted;
+      co_return false;
+    }
     if (co_await send_soon(up.sock, bufs, ec)) co_return false;
     // A reset after an answer leaves the answer readable; with nothing there, the send failed.
     if (ec) co_return answered_early(up) && !up.buf.empty();
@@ -203,6 +209,7 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
       route, rq.match.resource, rq.fence, std::move(ex), head.version, head.method == "HEAD", rq.client_keep_alive};
   fw.keyed = rq.idem.get();  // issue 30
   Exchange& x = *fw.ex;
+  sending_ = &x;  // issue 33: for send_request's fleet check; only used inside forward()
   boost::system::error_code ec;
   timed_out_ = false;
   count(fw.resource, Outcome::forwarded);

@@ -355,6 +355,7 @@ class Session {
   bool read_waits_on_mark_ = false;         // an idle read waits on a short read's mark (readiness.h), not a recv()
   bool read_cancelled_to_probe_ = false;    // ... and the watchdog cancelled it to try the read after all
   UpConn* waiting_up_ = nullptr;          // the upstream connection in use, for the watchdog
+  Exchange* sending_ = nullptr;           // issue 33: the exchange forward() sends (fleet_allows_send)
   bool prompt_ = false;                   // this request waited on another thread: read its answer promptly
   int parked_fd_ = -1;                    // the client's descriptor while parked (client_ is empty)
   Session* prev_ = nullptr;

@@ -5,12 +5,13 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <future>
 #include <thread>
 #include <nlohmann/json.hpp>
 
-#include "tests/election/etcd_harness.h"
+#include "tests/election/fleet_harness.h"
 #include "tests/support/http_client.h"
 #include "tests/support/upstream.h"
 
@@ -21,57 +22,9 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr int kTtlMs = 2000;
+constexpr int kTtlMs = kFleetTtlMs;
 
-class Replica {
- public:
-  Replica(const EtcdServer& etcd, const std::string& upstream, const std::string& fleet, const std::string& member,
-          int drain_ms = 8000)
-      : Replica(std::vector<std::string>{etcd.url()}, upstream, fleet, member, drain_ms) {}
-  Replica(const std::vector<std::string>& etcd, const std::string& upstream, const std::string& fleet,
-          const std::string& member, int drain_ms = 8000)
-      : dir_(std::make_unique<TempDir>("fencegate-fleet")), port_(free_port()), admin_port_(free_port()) {
-    while (admin_port_ == port_) admin_port_ = free_port();
-    json c = {{"listen", "127.0.0.1:" + std::to_string(port_)},
-              {"db", dir_->file("fence.db")},
-              {"threads", 2},
-              {"drain_timeout_ms", drain_ms},
-              {"admin", {{"listen", "127.0.0.1:" + std::to_string(admin_port_)}}},
-              {"routes", {{{"prefix", "/"}, {"upstream", upstream}, {"resource", "ledger"}, {"mode", "enforce"}}}},
-              {"fleet", {{"etcd", etcd}, {"name", fleet}, {"member", member}, {"ttl_ms", kTtlMs}}}};
-    write_file(dir_->file("fencegate.json"), c.dump(2));
-  }
-  bool start() {
-    ProcessOptions o;
-    o.log_path = dir_->file("fencegate.log");
-    process_ =
-        std::make_unique<Process>(Process::start({kFencegate, "serve", "--config", dir_->file("fencegate.json")}, o));
-    return process_->wait_for_port(port_, 15s) && process_->wait_for_port(admin_port_, 15s) &&
-           eventually([&] { return admin("/readyz").code() == 200; }, 15s);
-  }
-  void signal(int sig) { process_->kill(sig); }
-  std::uint16_t port() const { return port_; }
-  std::string log() const { return "fencegate log:\n" + read_file(dir_->file("fencegate.log"), 16 * 1024); }
-
-  ReadResult write(std::int64_t g, std::chrono::milliseconds timeout = 15s) const {
-    return request(port_, "POST", "/ledger/charge", {{"Fencing-Token", std::to_string(g)}}, "{\"amount\": 1}", timeout);
-  }
-  ReadResult admin(const std::string& target) const { return request(admin_port_, "GET", target, {}, {}, 5s); }
-  // A metric's value from /metrics (-1 if absent).
-  double metric(const std::string& name) const {
-    ReadResult r = admin("/metrics");
-    if (!r.ok()) return -1;
-    const std::string& b = r.response.body;
-    for (std::size_t at = b.find(name + " "); at != std::string::npos; at = b.find(name + " ", at + 1))
-      if (at == 0 || b[at - 1] == '\n') return std::stod(b.substr(at + name.size() + 1));
-    return -1;
-  }
-
- private:
-  std::unique_ptr<TempDir> dir_;
-  std::uint16_t port_, admin_port_;
-  std::unique_ptr<Process> process_;
-};
+Replica& rs_at(std::int64_t g, Replica& a, Replica& b, Replica& c) { return g % 3 == 0 ? a : g % 3 == 1 ? b : c; }
 
 std::string problem_type(const ReadResult& r) {
   json j = json::parse(r.response.body, nullptr, false);
@@ -102,104 +55,6 @@ std::int64_t etcd_fence(const EtcdServer& etcd, const std::string& fleet) {
   return std::stoll(kvs[0].value.substr(0, 20));
 }
 
-// A three-member etcd cluster on loopback (own data dirs, ephemeral ports).
-class EtcdCluster {
- public:
-  static constexpr int kSize = 3;
-  EtcdCluster() : dir_(std::make_unique<TempDir>("fencegate-etcd3")) {
-    for (int i = 0; i < kSize; ++i) {
-      client_[i] = free_port();
-      peer_[i] = free_port();
-    }
-  }
-  ~EtcdCluster() {
-    for (auto& p : procs_)
-      if (p) {
-        p->kill(SIGCONT);
-        p->stop(3s);
-      }
-  }
-  std::string url(int i) const { return "http://127.0.0.1:" + std::to_string(client_[i]); }
-  std::vector<std::string> urls() const { return {url(0), url(1), url(2)}; }
-  void start_member(int i, bool fresh) {
-    std::string cluster;
-    for (int k = 0; k < kSize; ++k)
-      cluster +=
-          (k ? "," : "") + std::string("e") + std::to_string(k) + "=http://127.0.0.1:" + std::to_string(peer_[k]);
-    const std::string peer = "http://127.0.0.1:" + std::to_string(peer_[i]);
-    ProcessOptions o;
-    o.log_path = dir_->file("etcd" + std::to_string(i) + ".log");
-    procs_[i] = std::make_unique<Process>(Process::start({kEtcdBinary,
-                                                          "--name",
-                                                          "e" + std::to_string(i),
-                                                          "--data-dir",
-                                                          dir_->file("data" + std::to_string(i)),
-                                                          "--listen-client-urls",
-                                                          url(i),
-                                                          "--advertise-client-urls",
-                                                          url(i),
-                                                          "--listen-peer-urls",
-                                                          peer,
-                                                          "--initial-advertise-peer-urls",
-                                                          peer,
-                                                          "--initial-cluster",
-                                                          cluster,
-                                                          "--initial-cluster-state",
-                                                          fresh ? "new" : "existing",
-                                                          "--initial-cluster-token",
-                                                          "fg-fleet",
-                                                          "--logger",
-                                                          "zap",
-                                                          "--log-level",
-                                                          "warn"},
-                                                         o));
-  }
-  bool start() {
-    for (int i = 0; i < kSize; ++i) start_member(i, true);
-    return healthy(20s);
-  }
-  bool healthy(std::chrono::milliseconds timeout) const {
-    fencegate::election::ClientOptions co;
-    co.endpoints = urls();
-    co.request_timeout = 1000ms;
-    fencegate::election::Client c(co);
-    return eventually(
-        [&] {
-          std::vector<KeyValue> kvs;
-          return c.put("fencegate-test-probe", "x").ok() && c.range("fencegate-test-probe", "", &kvs).ok();
-        },
-        timeout);
-  }
-  // The member that leads now (-1 if none answers).
-  int leader() const {
-    for (int i = 0; i < kSize; ++i) {
-      if (!procs_[i]) continue;
-      fencegate::election::ClientOptions co;
-      co.endpoints = {url(i)};
-      co.request_timeout = 1000ms;
-      fencegate::election::Client c(co);
-      std::string out;
-      if (!c.call("/v3/maintenance/status", "{}", &out, 1000ms).ok()) continue;
-      json j = json::parse(out, nullptr, false);
-      if (j.is_object() && j.contains("leader") && j.contains("header") && j["header"].contains("member_id") &&
-          j["leader"] == j["header"]["member_id"])
-        return i;
-    }
-    return -1;
-  }
-  void kill9(int i) {
-    procs_[i]->kill(SIGKILL);
-    procs_[i]->stop(3s);
-    procs_[i].reset();
-  }
-  std::string log(int i) const { return read_file(dir_->file("etcd" + std::to_string(i) + ".log"), 4096); }
-
- private:
-  std::unique_ptr<TempDir> dir_;
-  std::uint16_t client_[kSize], peer_[kSize];
-  std::unique_ptr<Process> procs_[kSize];
-};
-
 }  // namespace
 
 TEST_CASE("fleet: a newer generation at one replica is the fence of all three, committed once in etcd") {
@@ -223,6 +78,22 @@ TEST_CASE("fleet: a newer generation at one replica is the fence of all three, c
     CHECK_MESSAGE(s.code() == 409, describe(s));
     CHECK(problem_type(s).find("stale-generation") != std::string::npos);
   }
+  // Audit rows carry the replica's member id: in /v1/audit and in `fencegate audit --json`.
+  for (Replica* x : {&a, &b, &c}) {
+    const std::string id = x == &a ? "a" : x == &b ? "b" : "c";
+    REQUIRE(eventually(
+        [&] { return x->admin("/v1/audit?decision=rejected_stale").response.body.find("rows") != std::string::npos; },
+        5s));
+    json rows = json::parse(x->admin("/v1/audit?decision=rejected_stale").response.body, nullptr, false);
+    REQUIRE(rows.is_object());
+    REQUIRE(rows["rows"].size() == 1);
+    CHECK(rows["rows"][0]["member"] == id);
+    auto cli = run_command({kFencegate, "audit", "--db", x->db(), "--json", "--decision", "rejected_stale"}, 20s);
+    CHECK(cli.code() == 0);
+    json line = json::parse(cli.out, nullptr, false);
+    REQUIRE_MESSAGE(line.is_object(), cli.out, cli.err);
+    CHECK(line["member"] == id);
+  }
   // Guarantee 5: the current generation at A and C without an advance of their own.
   const double a_adv = a.metric("fencegate_fleet_advance_seconds_count");
   const double c_adv = c.metric("fencegate_fleet_advance_seconds_count");
@@ -235,8 +106,14 @@ TEST_CASE("fleet: a newer generation at one replica is the fence of all three, c
   CHECK(tokens(up) == std::vector<std::int64_t>{1, 2, 2, 2});
   check_monotonic(up);
 
-  // GET /v1/fleet
-  auto f = a.admin("/v1/fleet");
+  // GET /v1/fleet (its members list follows members/ through the watch)
+  ReadResult f;
+  CHECK(eventually(
+      [&] {
+        f = a.admin("/v1/fleet");
+        return f.code() == 200 && json::parse(f.response.body, nullptr, false)["members"].size() == 3;
+      },
+      3s));
   REQUIRE(f.code() == 200);
   json j = json::parse(f.response.body, nullptr, false);
   REQUIRE(j.is_object());
@@ -249,6 +126,19 @@ TEST_CASE("fleet: a newer generation at one replica is the fence of all three, c
     CHECK(m["lease_ttl_ms"] == kTtlMs);
     CHECK(m["last_seen"].is_string());
   }
+
+  // Guarantee 5's watch: the others learn an intent from etcd's watch stream and acknowledge at
+  // once, not at their next renewal round (every ttl/3 = 667 ms): the median of five advances
+  // stays well under that.
+  std::vector<std::int64_t> ms;
+  for (std::int64_t g = 3; g <= 7; ++g) {
+    const auto t0 = Clock::now();
+    CHECK(rs_at(g, a, b, c).write(g).code() == 200);
+    ms.push_back(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  INFO("advance times (ms), sorted: ", ms[0], " ", ms[1], " ", ms[2], " ", ms[3], " ", ms[4]);
+  CHECK(ms[2] < 250);
 }
 
 TEST_CASE("fleet: an advance at one replica waits for an older write in flight at another (drain across replicas)") {

@@ -504,7 +504,7 @@ TEST_CASE("admin: /v1/audit paginates newest first with a stable cursor, filters
   // Row fields: exactly these keys.
   const std::set<std::string> keys{"id",     "time",   "resource", "decision", "presented_generation",
                                    "current_generation", "method", "target", "client", "leader", "mode",
-                                   "user_agent", "traceparent", "client_identity"};
+                                   "user_agent", "traceparent", "client_identity", "member"};
   for (const auto& r : all) {
     std::set<std::string> got;
     for (auto& [k, _] : r.items()) got.insert(k);

@@ -162,7 +162,7 @@ TEST_CASE("audit: --json lines carry exactly the documented keys") {
   REQUIRE(ls.size() == 5);
   const std::vector<std::string> want = {"id",     "time",   "resource", "decision", "presented_generation",
                                          "current_generation", "method", "target", "client", "leader", "mode",
-                                         "user_agent", "traceparent", "client_identity"};
+                                         "user_agent", "traceparent", "client_identity", "member"};
   for (const auto& l : ls) {
     INFO(l);
     CHECK(l.front() == '{');
