@@ -6,6 +6,7 @@
 #include "fence_store/database.h"
 #include "fence_store/reader.h"
 #include "fence_store/replay_cache.h"
+#include "fence_store/key_table.h"
 #include "common/file_checks.h"
 
 #include <sqlite3.h>
@@ -85,9 +86,13 @@ class OwnedStore final : public TestableStore {
          " RETURNING length(body) + length(headers)"),
         ("DELETE FROM idempotency WHERE id IN (SELECT id FROM idempotency WHERE expires_ms <= ?1"
          " ORDER BY expires_ms LIMIT ?2) RETURNING resource, scope, key, length(body) + length(headers)")};
-    sqlite3_stmt** outs[] = {&begin_,      &commit_,       &rollback_,    &upsert_,          &insert_audit_,
-                             &prune_age_,  &prune_oldest_, &count_audit_, &delete_resource_, &key_select_,
-                             &key_insert_, &key_settle_,   &key_delete_,  &key_prune_};
+    sqlite3_stmt** outs[] = {&begin_,           &commit_,
+                             &rollback_,        &upsert_,
+                             &insert_audit_,    &prune_age_,
+                             &prune_oldest_,    &count_audit_,
+                             &delete_resource_, &keys_.select,
+                             &keys_.insert,     &keys_.settle,
+                             &keys_.remove,     &keys_.prune_expired};
     for (std::size_t i = 0; i < std::size(sqls); ++i)
       if (sqlite3_prepare_v3(wdb_, sqls[i], -1, SQLITE_PREPARE_PERSISTENT, outs[i], nullptr) != SQLITE_OK)
         return "cannot prepare statements on database " + path_ + ": " + sqlite3_errmsg(wdb_);
@@ -95,7 +100,7 @@ class OwnedStore final : public TestableStore {
     // write and recording the answer: whether the upstream applied it cannot be known.
     if (auto e = exec(wdb_, "UPDATE idempotency SET state = 2 WHERE state = 0"); !e.empty())
       return "cannot mark in-flight idempotency keys unknown on database " + path_ + ": " + e;
-    if (auto e = recount_keys(); !e.empty()) return "cannot count idempotency keys on database " + path_ + ": " + e;
+    if (auto e = keys_.recount(); !e.empty()) return "cannot count idempotency keys on database " + path_ + ": " + e;
     struct stat w {};
     if (::stat((path_ + "-wal").c_str(), &w) == 0) {
       wal_known_ = true;
@@ -125,7 +130,7 @@ class OwnedStore final : public TestableStore {
     // read-write connection can do that.
     reader_.reset();
     for (auto* st : {begin_, commit_, rollback_, upsert_, insert_audit_, prune_age_, prune_oldest_, count_audit_,
-                     delete_resource_, key_select_, key_insert_, key_settle_, key_delete_, key_prune_})
+                     delete_resource_, keys_.select, keys_.insert, keys_.settle, keys_.remove, keys_.prune_expired})
       sqlite3_finalize(st);
     sqlite3_close_v2(wdb_);
     ::close(db_lock_fd_);  // release ownership only after every connection is closed
@@ -249,14 +254,8 @@ class OwnedStore final : public TestableStore {
     *out = *r;
     return true;
   }
-  std::vector<std::pair<std::string, std::int64_t>> key_counts() const override {
-    std::lock_guard lk(counts_mu_);
-    return {published_counts_.begin(), published_counts_.end()};
-  }
-  std::vector<std::pair<std::string, std::int64_t>> key_bytes() const override {
-    std::lock_guard lk(counts_mu_);
-    return {published_bytes_.begin(), published_bytes_.end()};
-  }
+  std::vector<std::pair<std::string, std::int64_t>> key_counts() const override { return keys_.counts(); }
+  std::vector<std::pair<std::string, std::int64_t>> key_bytes() const override { return keys_.bytes(); }
 
   std::size_t queue_depth() const override { return pending_.load(std::memory_order_relaxed); }
   std::uint64_t audit_rows_dropped() const override { return dropped_rows_.load(std::memory_order_relaxed); }
@@ -283,150 +282,12 @@ class OwnedStore final : public TestableStore {
     std::vector<std::shared_ptr<KeyRider>> riders;  // advance_keyed: keys begun in the same transaction
   };
 
-  // Issue 30: counts the keys per resource again from the table (at start, after a failed
-  // batch). Returns "" or SQLite's error. Store thread (or before it starts).
-  std::string recount_keys() {
-    sqlite3_stmt* st = nullptr;
-    if (sqlite3_prepare_v2(wdb_,
-                           "SELECT resource, count(*), coalesce(sum(length(body) + length(headers)), 0)"
-                           " FROM idempotency GROUP BY resource",
-                           -1, &st, nullptr) != SQLITE_OK)
-      return sqlite3_errmsg(wdb_);
-    key_counts_.clear();
-    key_bytes_.clear();
-    int rc;
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-      key_counts_[col_text(st, 0)] = sqlite3_column_int64(st, 1);
-      if (const std::int64_t b = sqlite3_column_int64(st, 2); b > 0) key_bytes_[col_text(st, 0)] = b;
-    }
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE) return sqlite3_errmsg(wdb_);
-    publish_counts();
-    return {};
-  }
-  void publish_counts() {
-    std::lock_guard lk(counts_mu_);
-    published_counts_ = key_counts_;
-    published_bytes_ = key_bytes_;
-  }
-  // Response bytes kept for replay: `delta` more (or fewer) for `resource`. Store thread.
-  void add_bytes(const std::string& resource, std::int64_t delta) {
-    if (delta == 0) return;
-    auto it = key_bytes_.try_emplace(resource, 0).first;
-    it->second += delta;
-    if (it->second <= 0) key_bytes_.erase(it);
-  }
-  void bind_key(sqlite3_stmt* st, const KeyRecord& r) {
-    bind_text(st, 1, r.resource);
-    bind_text(st, 2, r.scope);
-    bind_text(st, 3, r.key);
-  }
-
   // Issue 30: one key item inside the batch's transaction. Returns false on an SQLite error.
   bool commit_key(Item& it, std::int64_t now, std::string* err) {
     KeyItem& k = *it.key;
-    if (it.kind == Item::kKeyBegin) return begin_key(k.rec, k.max_keys, k.result, now, err);
-    return settle_or_delete_key(it, err);
-  }
-
-  // key_begin's work on (rec, max_keys), its outcome in `result`. Returns false on an SQLite error.
-  bool begin_key(const KeyRecord& rec, std::uint64_t max_keys, KeyBeginResult& result, std::int64_t now,
-                 std::string* err) {
-    bind_key(key_select_, rec);
-    int rc = sqlite3_step(key_select_);
-    bool live = false, expired_row = false;
-    if (rc == SQLITE_ROW) {
-      read_key_row(key_select_, &result.existing);
-      result.existing.body.assign(static_cast<const char*>(sqlite3_column_blob(key_select_, 12)),
-                                  static_cast<std::size_t>(sqlite3_column_bytes(key_select_, 12)));
-      live = result.existing.expires_ms > now;
-      expired_row = !live;
-      rc = SQLITE_DONE;
-    }
-    if (rc != SQLITE_DONE) *err = sqlite3_errmsg(wdb_);
-    sqlite3_reset(key_select_);
-    sqlite3_clear_bindings(key_select_);
-    if (rc != SQLITE_DONE) return false;
-    if (live) {
-      result.outcome = KeyBegin::exists;
-      cache_.put(result.existing);  // completed rows only: durable already
-      return true;
-    }
-    if (expired_row)  // replaced below: its kept response goes
-      add_bytes(rec.resource, -static_cast<std::int64_t>(result.existing.body.size() + result.existing.headers.size()));
-    result.existing = KeyRecord{};
-    std::int64_t& n = key_counts_[rec.resource];
-    if (!expired_row && static_cast<std::uint64_t>(n) >= max_keys) {
-      result.outcome = KeyBegin::limit;
-      return true;
-    }
-    sqlite3_stmt* st = key_insert_;
-    bind_key(st, rec);
-    bind_text(st, 4, rec.fingerprint);
-    sqlite3_bind_int64(st, 5, rec.generation);
-    sqlite3_bind_int64(st, 6, rec.created_ms);
-    sqlite3_bind_int64(st, 7, rec.expires_ms);
-    const bool ok = step(st, err);
-    sqlite3_clear_bindings(st);
-    if (ok && !expired_row) ++n;
-    result.outcome = KeyBegin::started;
-    return ok;
-  }
-
-  // key_settle's or key_release's work. Returns false on an SQLite error.
-  bool settle_or_delete_key(Item& it, std::string* err) {
-    KeyItem& k = *it.key;
-    if (it.kind == Item::kKeySettle) {
-      sqlite3_stmt* st = key_settle_;
-      bind_key(st, k.rec);
-      sqlite3_bind_int(st, 4, static_cast<int>(k.rec.state));
-      sqlite3_bind_int(st, 5, k.rec.status);
-      bind_text(st, 6, k.rec.headers);
-      sqlite3_bind_blob(st, 7, k.rec.body.data(), static_cast<int>(k.rec.body.size()), SQLITE_STATIC);
-      sqlite3_bind_int(st, 8, k.rec.body_kept ? 1 : 0);
-      const bool ok = step(st, err);
-      sqlite3_clear_bindings(st);
-      k.changed = ok && sqlite3_changes64(wdb_) > 0;
-      if (k.changed) add_bytes(k.rec.resource, static_cast<std::int64_t>(k.rec.body.size() + k.rec.headers.size()));
-      return ok;
-    }
-    cache_.drop(k.rec.resource, k.rec.scope, k.rec.key);
-    bind_key(key_delete_, k.rec);
-    // (A DELETE ... RETURNING makes all its changes in its first step.)
-    const int rc = sqlite3_step(key_delete_);
-    const bool ok = rc == SQLITE_ROW || rc == SQLITE_DONE;
-    if (rc == SQLITE_ROW) {
-      add_bytes(k.rec.resource, -sqlite3_column_int64(key_delete_, 0));
-      auto c = key_counts_.find(k.rec.resource);
-      if (c != key_counts_.end() && --c->second <= 0) key_counts_.erase(c);
-    } else if (!ok) {
-      *err = sqlite3_errmsg(wdb_);
-    }
-    sqlite3_reset(key_delete_);
-    sqlite3_clear_bindings(key_delete_);
-    return ok;
-  }
-
-  // Issue 30: deletes at most one chunk of expired keys (autocommit). True iff more may remain.
-  bool prune_keys() {
-    sqlite3_bind_int64(key_prune_, 1, now_ms());
-    sqlite3_bind_int(key_prune_, 2, kKeyPruneChunkRows);
-    int rc, n = 0;
-    while ((rc = sqlite3_step(key_prune_)) == SQLITE_ROW) {
-      ++n;
-      cache_.drop(col_text(key_prune_, 0), col_text(key_prune_, 1), col_text(key_prune_, 2));
-      add_bytes(col_text(key_prune_, 0), -sqlite3_column_int64(key_prune_, 3));
-      auto c = key_counts_.find(col_text(key_prune_, 0));
-      if (c != key_counts_.end() && --c->second <= 0) key_counts_.erase(c);
-    }
-    sqlite3_reset(key_prune_);
-    sqlite3_clear_bindings(key_prune_);
-    if (rc != SQLITE_DONE) {
-      (void)recount_keys();
-      return false;
-    }
-    if (n > 0) publish_counts();
-    return n >= kKeyPruneChunkRows;
+    if (it.kind == Item::kKeyBegin) return keys_.begin(k.rec, k.max_keys, k.result, now, err);
+    if (it.kind == Item::kKeySettle) return keys_.settle_key(k.rec, &k.changed, err);
+    return keys_.release(k.rec, err);
   }
 
   void enqueue(Item it) {
@@ -501,7 +362,7 @@ class OwnedStore final : public TestableStore {
           idle = queue_.empty() && !stopping_;
         }
         if (idle && !files_lost_) {
-          keys_more = prune_keys();
+          keys_more = keys_.prune(now_ms(), kKeyPruneChunkRows);
           last_key_prune = Clock::now();
         }
       }
@@ -548,8 +409,8 @@ class OwnedStore final : public TestableStore {
     for (const auto& it : batch)
       keys_touched = keys_touched || !it.riders.empty() || (it.key && (it.kind != Item::kKeySettle || it.key->changed));
     if (keys_touched) {
-      if (!s.ok()) (void)recount_keys();
-      else publish_counts();
+      if (!s.ok()) (void)keys_.recount();
+      else keys_.publish();
     }
     for (const auto& it : batch)
       if (it.kind == Item::kKeySettle && it.key->changed) {
@@ -717,7 +578,7 @@ class OwnedStore final : public TestableStore {
       sqlite3_clear_bindings(st);
       if (!ok) break;
       for (auto& r : it.riders) {  // issue 30: keys begun with this advance, in its transaction
-        ok = begin_key(r->rec, r->max_keys, r->result, now, &err);
+        ok = keys_.begin(r->rec, r->max_keys, r->result, now, &err);
         if (!ok) break;
       }
       if (!ok) break;
@@ -844,17 +705,8 @@ class OwnedStore final : public TestableStore {
   sqlite3_stmt* count_audit_ = nullptr;
   sqlite3_stmt* delete_resource_ = nullptr;
   // Issue 30: idempotency keys
-  sqlite3_stmt* key_select_ = nullptr;
-  sqlite3_stmt* key_insert_ = nullptr;
-  sqlite3_stmt* key_settle_ = nullptr;
-  sqlite3_stmt* key_delete_ = nullptr;
-  sqlite3_stmt* key_prune_ = nullptr;
-  std::map<std::string, std::int64_t> key_counts_;  // store thread only: rows per resource
-  mutable std::mutex counts_mu_;
-  std::map<std::string, std::int64_t> published_counts_;  // Guarded by counts_mu_
-  std::map<std::string, std::int64_t> key_bytes_;  // store thread only: response bytes kept per resource
-  std::map<std::string, std::int64_t> published_bytes_;  // Guarded by counts_mu_
   ReplayCache cache_;  // completed keys, for replays (key_cached)
+  KeyTable keys_{wdb_, cache_};  // the idempotency table's writes (store thread), its counts (any thread)
   std::thread thread_;
 
   // Used only by the store thread: rows in the audit table, -1 = unknown (counted on demand).

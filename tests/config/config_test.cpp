@@ -1128,7 +1128,7 @@ TEST_CASE("route authority: JSON object read and normalised; bad values and unkn
       "authority": {"etcd": ["http://a:2379"], "election": "e", "grace_ms": 30}}]})");
   CHECK_FALSE(tiny.config);
   CHECK(has_error_starting(tiny, "routes[0].authority.grace_ms: must be 0 (the leader's lease TTL) or an integer between 200"));
-  CHECK(has_error(bad, "routes[0].authority.etcd[0]: must be an etcd client URL \"http://host:port\" (got \"ftp://x:1\")"));
+  CHECK(has_error(bad, "routes[0].authority.etcd[0]: must be an etcd client URL \"http://host:port\" or \"https://host:port\" (got \"ftp://x:1\")"));
   CHECK(has_error(bad, "routes[0].authority.etcd[2]: listed twice (\"http://a:2379\")"));
   CHECK(has_error(bad, "routes[0].authority.election: must not be empty"));
   CHECK(has_error(bad, "routes[1].authority.etcd: required"));
@@ -1163,12 +1163,12 @@ TEST_CASE("route authority: flag-only form and its environment variables; both o
   CHECK(has_error(half, "--authority-etcd: needs --authority-election too (or FENCEGATE_AUTHORITY_ELECTION)"));
   auto other_half = load_serve({"--upstream", "http://h:1", "--authority-election", "x"}, empty_env);
   CHECK(has_error(other_half, "--authority-election: needs --authority-etcd too (or FENCEGATE_AUTHORITY_ETCD)"));
-  auto bad = load_serve({"--upstream", "http://h:1", "--authority-etcd", "https://e:2379", "--authority-election",
+  auto bad = load_serve({"--upstream", "http://h:1", "--authority-etcd", "ftp://e:2379", "--authority-election",
                          "x", "--authority-grace-ms", "soon"},
                         empty_env);
   INFO(joined(bad.errors));
   CHECK(has_error_starting(bad, "--authority-grace-ms: must be 0 (the leader's lease TTL) or an integer between 200 and 86400000"));
-  CHECK(has_error(bad, "--authority-etcd: must be an etcd client URL \"http://host:port\" (got \"https://e:2379\")"));
+  CHECK(has_error(bad, "--authority-etcd: must be an etcd client URL \"http://host:port\" or \"https://host:port\" (got \"ftp://e:2379\")"));
 
   TempFile f(kMinimal);
   auto mixed = load_serve({"--config", f.path(), "--authority-election", "x"}, empty_env);
