@@ -15,13 +15,23 @@ namespace {
 constexpr char kHex[] = "0123456789abcdef";
 
 std::string hex(const unsigned char* p, unsigned n) {
-  std::string out;
-  out.reserve(2 * n);
+  std::string out(2 * static_cast<std::size_t>(n), '0');
   for (unsigned i = 0; i < n; ++i) {
-    out += kHex[p[i] >> 4];
-    out += kHex[p[i] & 15];
+    out[2 * i] = kHex[p[i] >> 4];
+    out[2 * i + 1] = kHex[p[i] & 15];
   }
   return out;
+}
+
+// SHA-256, fetched from OpenSSL's default provider once. Given the legacy EVP_sha256(), OpenSSL 3
+// fetches the algorithm again (a locked lookup) at every digest's init: a keyed request makes
+// two digests.
+const EVP_MD* sha256() {
+  static const EVP_MD* const md = [] {
+    const EVP_MD* m = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+    return m ? m : EVP_sha256();
+  }();
+  return md;
 }
 
 bool ows(char c) { return c == ' ' || c == '\t'; }
@@ -78,7 +88,7 @@ struct Fingerprint::Impl {
 };
 
 Fingerprint::Fingerprint() : impl_(std::make_unique<Impl>()) {
-  if (!impl_->ctx || EVP_DigestInit_ex(impl_->ctx, EVP_sha256(), nullptr) != 1)
+  if (!impl_->ctx || EVP_DigestInit_ex(impl_->ctx, sha256(), nullptr) != 1)
     throw std::runtime_error("SHA-256 is not available from OpenSSL");
 }
 Fingerprint::~Fingerprint() = default;
@@ -100,7 +110,7 @@ std::string Fingerprint::finish(std::string_view method, std::string_view target
 std::string sha256_hex(std::string_view data) {
   std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
   unsigned n = 0;
-  EVP_Digest(data.data(), data.size(), md.data(), &n, EVP_sha256(), nullptr);
+  EVP_Digest(data.data(), data.size(), md.data(), &n, sha256(), nullptr);
   return hex(md.data(), n);
 }
 
