@@ -144,9 +144,15 @@ awaitable<bool> AdminSession::start_tls() {
   deadline.cancel();
   if (ec) {
     const long v = SSL_get_verify_result(tls_->stream.native_handle());
+    // The deadline closes the socket: a handshake cut by it is a timeout.
+    const unsigned long e =
+        ec.category() == net::error::get_ssl_category() ? static_cast<unsigned long>(ec.value()) : 0;
+    const char* reason = !sock_.is_open() ? "timeout" : handshake_failure_reason(tls_->stream.native_handle(), e);
+    admin_.rt.metrics.count_admin_tls_failure(reason);
     admin_.log_refusal("admin API: TLS handshake failed (logged at most once in 10 s)",
-                       {log::kv("client", conn_->client), log::kv("error", ec.message()),
+                       {log::kv("client", conn_->client), log::kv("reason", reason), log::kv("error", ec.message()),
                         log::kv("verify", v == X509_V_OK ? "ok" : X509_verify_cert_error_string(v))});
+    ERR_clear_error();
     co_return false;
   }
   conn_->active = std::chrono::steady_clock::now();

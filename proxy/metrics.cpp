@@ -220,6 +220,12 @@ void Metrics::render(std::string& out) const {
     out += "fencegate_tls_handshake_failures_total{reason=\"" + std::string(kTlsFailureReasons[i]) + "\"} " +
            std::to_string(tls_handshake_failures[i].load()) + "\n";
   // TLS to the upstream (issue 27)
+  out +=
+      "# HELP fencegate_admin_tls_handshake_failures_total Failed TLS handshakes on the admin listener, by reason.\n";
+  out += "# TYPE fencegate_admin_tls_handshake_failures_total counter\n";
+  for (std::size_t i = 0; i < kTlsFailureReasons.size(); ++i)
+    out += "fencegate_admin_tls_handshake_failures_total{reason=\"" + std::string(kTlsFailureReasons[i]) + "\"} " +
+           std::to_string(admin_tls_handshake_failures[i].load()) + "\n";
   out += "# HELP fencegate_upstream_tls_failures_total Failed TLS handshakes with https upstreams (502), by reason.\n";
   out += "# TYPE fencegate_upstream_tls_failures_total counter\n";
   for (std::size_t i = 0; i < kUpstreamTlsFailureReasons.size(); ++i)

@@ -102,6 +102,13 @@ class Metrics {
     while (i + 1 < kTlsFailureReasons.size() && kTlsFailureReasons[i] != reason) ++i;
     tls_handshake_failures[i].fetch_add(1, std::memory_order_relaxed);
   }
+  // The admin listener's own (admin.tls), by the same reasons.
+  std::array<std::atomic<std::uint64_t>, kTlsFailureReasons.size()> admin_tls_handshake_failures{};
+  void count_admin_tls_failure(std::string_view reason) {
+    std::size_t i = 0;
+    while (i + 1 < kTlsFailureReasons.size() && kTlsFailureReasons[i] != reason) ++i;
+    admin_tls_handshake_failures[i].fetch_add(1, std::memory_order_relaxed);
+  }
 
   // TLS to the upstream (issue 27): failed upstream handshakes, by reason class
   // (fencegate_upstream_tls_failures_total{reason}; upstream_tls_failure() in tls_upstream.h).

@@ -257,6 +257,17 @@ TEST_CASE(
   REQUIRE(other.make().empty());
   CHECK(curl_https(url, {"--cacert", certs.ca(), "--cert", other.client_cert(), "--key", other.client_key()})
             .rfind("curl exit", 0) == 0);
+  // Each refused handshake is counted by its reason (the page is read with a good certificate).
+  std::string metrics;
+  REQUIRE(run_shell("curl -sS --max-time 10 --cacert '" + certs.ca() + "' --cert '" + certs.client_cert() +
+                        "' --key '" + certs.client_key() + "' '" + serve.admin_url("/metrics") + "'",
+                    &metrics) == 0);
+  CHECK_MESSAGE(metrics.find("fencegate_admin_tls_handshake_failures_total{reason=\"no_client_certificate\"} 1\n") !=
+                    std::string::npos,
+                metrics);
+  CHECK_MESSAGE(metrics.find("fencegate_admin_tls_handshake_failures_total{reason=\"unknown_ca\"} 1\n") !=
+                    std::string::npos,
+                metrics);
 
   // SIGHUP with a certificate that no longer loads keeps the running one.
   write_file(serve.dir->file("fencegate.json"), [&] {
