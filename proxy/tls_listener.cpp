@@ -6,16 +6,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <boost/asio/ssl.hpp>
+#include <memory>
 #include <unordered_map>
+#include <vector>
 
 #include "proxy/session.h"
 
 namespace fencegate::proxy {
 
 namespace {
-
-using TlsStream = net::ssl::stream<Socket>;
 
 // Logs a failed handshake at most once per peer address and 10 s: a flood of bad handshakes
 // must not flood the log.
@@ -38,12 +37,50 @@ constexpr std::string_view kPlainHttp400 =
     "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 58\r\nConnection: close\r\n\r\n"
     "This port speaks TLS: use https://, not plain HTTP.      \n";
 
+// The pumps' buffers, taken from this worker's free list only while bytes flow: an idle
+// connection holds none (each would otherwise keep two 16 KiB buffers for its whole life).
+class BufferPool {
+ public:
+  std::unique_ptr<char[]> take() {
+    if (free_.empty()) return std::make_unique<char[]>(kRelayBuffer);
+    auto b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  void give(std::unique_ptr<char[]> b) {
+    if (b && free_.size() < kKept) free_.push_back(std::move(b));
+  }
+
+ private:
+  static constexpr std::size_t kKept = 64;
+  std::vector<std::unique_ptr<char[]>> free_;
+};
+thread_local BufferPool pool;  // the coroutines of a connection run on its worker's thread
+
+// A buffer from the pool, given back when it goes.
+struct Lease {
+  std::unique_ptr<char[]> b;
+  char* get() {
+    if (!b) b = pool.take();
+    return b.get();
+  }
+  void reset() { pool.give(std::move(b)); }
+  ~Lease() { reset(); }
+};
+
+// One TLS connection: OpenSSL straight on the client's socket (non-blocking; a want-read or
+// want-write waits for the socket's readiness), so nothing but OpenSSL's own state is held per
+// connection, and OpenSSL releases its record buffers while the connection is idle.
 struct Conn : std::enable_shared_from_this<Conn> {
   Conn(ServerState& st, Worker& w, Socket sock, SSL* ssl)
-      : st(st), w(w), tls(std::move(sock), ssl), inner(w.ioc.get_executor()), guard(w.ioc.get_executor()) {}
+      : st(st), w(w), sock(std::move(sock)), ssl(ssl), inner(w.ioc.get_executor()), guard(w.ioc.get_executor()) {}
+  ~Conn() { SSL_free(ssl); }  // the socket BIO does not own the descriptor: `sock` closes it
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
   ServerState& st;
   Worker& w;
-  TlsStream tls;
+  Socket sock;  // the client's
+  SSL* ssl;
   Socket inner;  // our end of the socketpair; the Session holds the other
   Timer guard;   // handshake deadline, then each write's to the client
   bool timed_out = false;
@@ -61,7 +98,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
       if (auto c = weak.lock()) {
         c->timed_out = true;
         boost::system::error_code ig;
-        c->tls.next_layer().cancel(ig);
+        c->sock.cancel(ig);
       }
     });
   }
@@ -70,47 +107,124 @@ struct Conn : std::enable_shared_from_this<Conn> {
     st.connections.fetch_sub(1, std::memory_order_relaxed);
     st.rt.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
   }
+  // Waits until the client's socket is ready for what OpenSSL asked for (`want`, from
+  // SSL_get_error). False if the wait ended otherwise (cancelled: a deadline, or closing).
+  task<bool> ready_for(int want) {
+    boost::system::error_code ec;
+    co_await sock.async_wait(want == SSL_ERROR_WANT_WRITE ? tcp::socket::wait_write : tcp::socket::wait_read,
+                             net::redirect_error(use_task, ec));
+    co_return !ec;
+  }
 };
 
 // The client's bytes, decrypted, to the Session.
 task<void> pump_up(std::shared_ptr<Conn> c) {
-  std::array<char, kRelayBuffer> buf;
+  Lease buf;
   boost::system::error_code ec;
+  bool wait = false;  // the handshake's read may already hold the first request: read first
   for (;;) {
-    const std::size_t n = co_await c->tls.async_read_some(net::buffer(buf), net::redirect_error(use_task, ec));
-    if (ec) break;
-    co_await net::async_write(c->inner, net::buffer(buf.data(), n), net::redirect_error(use_task, ec));
-    if (ec) break;
+    if (wait) {
+      buf.reset();  // idle: the buffer goes back to the pool
+      if (!co_await c->ready_for(SSL_ERROR_WANT_READ)) break;
+    }
+    ERR_clear_error();
+    const int n = SSL_read(c->ssl, buf.get(), static_cast<int>(kRelayBuffer));
+    if (n > 0) {
+      co_await net::async_write(c->inner, net::buffer(buf.get(), static_cast<std::size_t>(n)),
+                                net::redirect_error(use_task, ec));
+      if (ec) break;
+      wait = SSL_has_pending(c->ssl) == 0;  // nothing buffered (not even part of a record)
+      continue;
+    }
+    const int e = SSL_get_error(c->ssl, n);
+    if (e == SSL_ERROR_WANT_READ) {
+      wait = true;
+    } else if (e == SSL_ERROR_WANT_WRITE) {
+      if (!co_await c->ready_for(e)) break;
+      wait = false;
+    } else {
+      break;  // close_notify, the peer's end, a reset or a bad record
+    }
   }
+  buf.reset();
+  ERR_clear_error();
   boost::system::error_code ig;
   if (!c->closing) {
     c->inner.shutdown(tcp::socket::shutdown_send, ig);  // the Session sees the client's end
     co_return;
   }
-  // The Session is done: say so to the client (close_notify), for at most a second.
+  // The Session is done: say so to the client (close_notify) and wait, for at most a second,
+  // for its own, so that the answer it is still reading is not cut by a reset.
   c->arm(std::chrono::milliseconds(1000));
-  co_await c->tls.async_shutdown(net::redirect_error(use_task, ec));
+  for (;;) {
+    ERR_clear_error();
+    const int r = SSL_shutdown(c->ssl);
+    if (r == 1) break;
+    const int e = r == 0 ? SSL_ERROR_WANT_READ : SSL_get_error(c->ssl, r);
+    if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) break;
+    if (!co_await c->ready_for(e)) break;
+  }
   c->disarm();
+  ERR_clear_error();
 }
 
 // The Session's bytes, encrypted, to the client.
 task<void> pump_down(std::shared_ptr<Conn> c, std::chrono::milliseconds write_timeout) {
-  std::array<char, kRelayBuffer> buf;
+  Lease buf;
   boost::system::error_code ec;
   for (;;) {
-    const std::size_t n = co_await c->inner.async_read_some(net::buffer(buf), net::redirect_error(use_task, ec));
+    co_await c->inner.async_wait(tcp::socket::wait_read, net::redirect_error(use_task, ec));
     if (ec) break;
+    const std::size_t n = c->inner.read_some(net::buffer(buf.get(), kRelayBuffer), ec);
+    if (ec == net::error::would_block || ec == net::error::try_again) continue;
+    if (ec) break;  // the Session's end (or an error)
     c->arm(write_timeout);
-    co_await net::async_write(c->tls, net::buffer(buf.data(), n), net::redirect_error(use_task, ec));
+    bool failed = false;
+    for (std::size_t off = 0; off < n && !failed;) {
+      ERR_clear_error();
+      const int w = SSL_write(c->ssl, buf.get() + off, static_cast<int>(n - off));
+      if (w > 0) {
+        off += static_cast<std::size_t>(w);
+        continue;
+      }
+      const int e = SSL_get_error(c->ssl, w);
+      failed = (e != SSL_ERROR_WANT_WRITE && e != SSL_ERROR_WANT_READ) || !co_await c->ready_for(e);
+    }
     c->disarm();
-    if (ec) break;
+    if (failed) break;
+    if (!c->inner.available(ec) || ec) buf.reset();  // idle again
   }
+  ERR_clear_error();
   // The Session closed (or the client went): end the other direction's wait; it then sends
   // close_notify to the client.
   c->closing = true;
   boost::system::error_code ig;
-  c->tls.next_layer().cancel(ig);
+  c->sock.cancel(ig);
   c->inner.cancel(ig);
+}
+
+// The handshake, under the guard armed by the caller. 1: done; 0: failed (counted and logged).
+task<bool> handshake(Conn& c) {
+  for (;;) {
+    ERR_clear_error();
+    const int r = SSL_do_handshake(c.ssl);
+    if (r == 1) co_return true;
+    const int e = SSL_get_error(c.ssl, r);
+    if ((e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) && co_await c.ready_for(e)) continue;
+    const unsigned long err = ERR_peek_last_error();
+    const char* reason = c.timed_out ? "timeout" : handshake_failure_reason(c.ssl, e == SSL_ERROR_SSL ? err : 0);
+    c.st.rt.metrics.count_tls_failure(reason);
+    std::string detail =
+        c.timed_out ? "no TLS handshake within header_timeout_ms"
+        : err != 0  ? std::string(ERR_reason_error_string(err) ? ERR_reason_error_string(err) : "TLS error")
+        : e == SSL_ERROR_SYSCALL || e == SSL_ERROR_ZERO_RETURN ? "the client closed during the handshake"
+                                                               : "TLS error";
+    if (const long v = SSL_get_verify_result(c.ssl); v != X509_V_OK)
+      detail += std::string(" (") + X509_verify_cert_error_string(v) + ")";
+    log_failure(c.ip, reason, detail);
+    ERR_clear_error();
+    co_return false;
+  }
 }
 
 task<void> run_connection(std::shared_ptr<Conn> c, std::shared_ptr<const TlsContext> ctx) {
@@ -122,7 +236,7 @@ task<void> run_connection(std::shared_ptr<Conn> c, std::shared_ptr<const TlsCont
     write_timeout = snap->cfg->body_timeout;
   }
   boost::system::error_code ec;
-  Socket& tcp_sock = c->tls.next_layer();
+  Socket& tcp_sock = c->sock;
   c->arm(handshake_timeout);
   // Plain HTTP to the TLS port: a short plaintext 400, then close (as nginx does).
   co_await tcp_sock.async_wait(tcp::socket::wait_read, net::redirect_error(use_task, ec));
@@ -147,23 +261,14 @@ task<void> run_connection(std::shared_ptr<Conn> c, std::shared_ptr<const TlsCont
     c->uncount();
     co_return;
   }
-  co_await c->tls.async_handshake(net::ssl::stream_base::server, net::redirect_error(use_task, ec));
+  const bool shaken = co_await handshake(*c);
   c->disarm();
-  if (ec) {
-    const unsigned long e =
-        ec.category() == net::error::get_ssl_category() ? static_cast<unsigned long>(ec.value()) : 0;
-    const char* reason = c->timed_out ? "timeout" : handshake_failure_reason(c->tls.native_handle(), e);
-    c->st.rt.metrics.count_tls_failure(reason);
-    std::string detail = ec.message();
-    if (const long v = SSL_get_verify_result(c->tls.native_handle()); v != X509_V_OK)
-      detail += std::string(" (") + X509_verify_cert_error_string(v) + ")";
-    log_failure(c->ip, reason, detail);
-    ERR_clear_error();
+  if (!shaken) {
     c->uncount();
     co_return;
   }
   ctx.reset();  // the handshake is over: SNI will not be asked again (no renegotiation)
-  std::string identity = peer_identity(c->tls.native_handle());
+  std::string identity = peer_identity(c->ssl);
 
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -181,6 +286,7 @@ task<void> run_connection(std::shared_ptr<Conn> c, std::shared_ptr<const TlsCont
     c->uncount();
     co_return;
   }
+  c->inner.non_blocking(true, ec);
   // From here the Session counts the connection (its destructor uncounts it).
   auto s = std::make_unique<Session>(c->st, c->w, std::move(session_end));
   s->set_tls_peer(c->ip, c->port, c->v6, std::move(identity));
@@ -222,16 +328,22 @@ void TlsTerminator::serve(Worker& w, int fd) {
   const bool named = ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0;
   const bool v6 = named && ss.ss_family == AF_INET6;
   if (ssl) sock.assign(v6 ? tcp::v6() : tcp::v4(), fd, ec);
-  if (!ssl || ec) {
+  if (!ec && ssl) sock.non_blocking(true, ec);  // OpenSSL reads and writes the descriptor itself
+  if (!ssl || ec || SSL_set_fd(ssl, sock.is_open() ? sock.native_handle() : fd) != 1) {
     if (ssl) SSL_free(ssl);
-    ::close(fd);
+    if (sock.is_open()) sock.close(ec);
+    else ::close(fd);
     st_.connections.fetch_sub(1, std::memory_order_relaxed);
     st_.rt.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
     return;
   }
+  SSL_set_accept_state(ssl);
+  // Whole records per read (fewer system calls); OpenSSL's record buffers released when idle.
+  SSL_set_read_ahead(ssl, 1);
+  SSL_set_mode(ssl, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   set_nodelay(sock);
   auto c = std::make_shared<Conn>(st_, w, std::move(sock), ssl);
-  if (auto ep = c->tls.next_layer().remote_endpoint(ec); !ec) {
+  if (auto ep = c->sock.remote_endpoint(ec); !ec) {
     c->ip = ep.address().to_string();
     c->port = ep.port();
     c->v6 = ep.address().is_v6();

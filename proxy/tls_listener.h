@@ -7,7 +7,8 @@
 // (fencegate_tls_handshake_failures_total{reason}) and logged at most once per peer address and
 // 10 s. After the handshake the terminator makes a socketpair, starts an ordinary Session on one
 // end, told the real peer address and the verified client identity in process (so no byte from
-// the network can claim one), and pumps bytes between the TLS stream and the other end.
+// the network can claim one), and pumps bytes between the TLS connection and the other end:
+// OpenSSL straight on the client's non-blocking socket, buffers taken only while bytes flow.
 //
 // The SSL_CTX is built at start and on each reload (reload(): a certificate that does not load
 // keeps the old context, and the reload fails saying why); connections already open keep theirs.
