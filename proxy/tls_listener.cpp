@@ -88,6 +88,7 @@ struct Conn : std::enable_shared_from_this<Conn> {
   std::string ip;
   std::uint16_t port = 0;
   bool v6 = false;
+  std::chrono::milliseconds write_timeout{0};  // each write to the client, once the handshake is over
 
   // Arms the guard: past `t` the client's socket is cancelled (a stalled peer gives up its wait).
   void arm(std::chrono::milliseconds t) {
@@ -117,44 +118,80 @@ struct Conn : std::enable_shared_from_this<Conn> {
   }
 };
 
-// The client's bytes, decrypted, to the Session.
+// The two directions. Between bursts neither holds a coroutine, only a wait on its socket: a
+// burst (a request, an answer) runs in a coroutine spawned when the socket is readable, which
+// goes back to waiting when the socket is drained.
+task<void> pump_up(std::shared_ptr<Conn> c);
+task<void> pump_down(std::shared_ptr<Conn> c);
+task<void> end_up(std::shared_ptr<Conn> c);
+
+// Waits for the client's next bytes, then decrypts them (pump_up); a cancelled wait ends it.
+void wait_up(std::shared_ptr<Conn> c) {
+  Socket& s = c->sock;
+  s.async_wait(tcp::socket::wait_read, [c = std::move(c)](boost::system::error_code ec) mutable {
+    Worker& w = c->w;
+    if (ec) net::co_spawn(w.ioc, end_up(std::move(c)), net::detached);
+    else net::co_spawn(w.ioc, pump_up(std::move(c)), net::detached);
+  });
+}
+
+// The Session closed (or the client went): end the other direction's wait; it then sends
+// close_notify to the client.
+void end_down(Conn& c) {
+  ERR_clear_error();
+  c.closing = true;
+  boost::system::error_code ig;
+  c.sock.cancel(ig);
+  c.inner.cancel(ig);
+}
+
+// Waits for the Session's next bytes, then encrypts them (pump_down); a cancelled wait ends it.
+void wait_down(std::shared_ptr<Conn> c) {
+  Socket& s = c->inner;
+  s.async_wait(tcp::socket::wait_read, [c = std::move(c)](boost::system::error_code ec) mutable {
+    if (ec) end_down(*c);
+    else net::co_spawn(c->w.ioc, pump_down(c), net::detached);
+  });
+}
+
+// The client's bytes, decrypted, to the Session, until OpenSSL has nothing more to give.
 task<void> pump_up(std::shared_ptr<Conn> c) {
   Lease buf;
   boost::system::error_code ec;
-  bool wait = false;  // the handshake's read may already hold the first request: read first
   for (;;) {
-    if (wait) {
-      buf.reset();  // idle: the buffer goes back to the pool
-      if (!co_await c->ready_for(SSL_ERROR_WANT_READ)) break;
-    }
     ERR_clear_error();
     const int n = SSL_read(c->ssl, buf.get(), static_cast<int>(kRelayBuffer));
     if (n > 0) {
       co_await net::async_write(c->inner, net::buffer(buf.get(), static_cast<std::size_t>(n)),
                                 net::redirect_error(use_task, ec));
       if (ec) break;
-      wait = SSL_has_pending(c->ssl) == 0;  // nothing buffered (not even part of a record)
+      if (SSL_has_pending(c->ssl) == 0) {  // nothing buffered (not even part of a record)
+        wait_up(std::move(c));
+        co_return;
+      }
       continue;
     }
     const int e = SSL_get_error(c->ssl, n);
     if (e == SSL_ERROR_WANT_READ) {
-      wait = true;
-    } else if (e == SSL_ERROR_WANT_WRITE) {
-      if (!co_await c->ready_for(e)) break;
-      wait = false;
-    } else {
-      break;  // close_notify, the peer's end, a reset or a bad record
+      wait_up(std::move(c));
+      co_return;
     }
+    if (e != SSL_ERROR_WANT_WRITE || !co_await c->ready_for(e)) break;  // close_notify, the end, a bad record
   }
   buf.reset();
+  co_await end_up(std::move(c));
+}
+
+// The client's side is over: the Session is told (its end sees EOF), or, if the Session ended
+// first, the client is: close_notify, then a wait of at most a second for the client's own, so
+// that the answer it is still reading is not cut by a reset.
+task<void> end_up(std::shared_ptr<Conn> c) {
   ERR_clear_error();
   boost::system::error_code ig;
   if (!c->closing) {
-    c->inner.shutdown(tcp::socket::shutdown_send, ig);  // the Session sees the client's end
+    c->inner.shutdown(tcp::socket::shutdown_send, ig);
     co_return;
   }
-  // The Session is done: say so to the client (close_notify) and wait, for at most a second,
-  // for its own, so that the answer it is still reading is not cut by a reset.
   c->arm(std::chrono::milliseconds(1000));
   for (;;) {
     ERR_clear_error();
@@ -168,17 +205,18 @@ task<void> pump_up(std::shared_ptr<Conn> c) {
   ERR_clear_error();
 }
 
-// The Session's bytes, encrypted, to the client.
-task<void> pump_down(std::shared_ptr<Conn> c, std::chrono::milliseconds write_timeout) {
+// The Session's bytes, encrypted, to the client, until the socketpair is drained.
+task<void> pump_down(std::shared_ptr<Conn> c) {
   Lease buf;
   boost::system::error_code ec;
   for (;;) {
-    co_await c->inner.async_wait(tcp::socket::wait_read, net::redirect_error(use_task, ec));
-    if (ec) break;
     const std::size_t n = c->inner.read_some(net::buffer(buf.get(), kRelayBuffer), ec);
-    if (ec == net::error::would_block || ec == net::error::try_again) continue;
+    if (ec == net::error::would_block || ec == net::error::try_again) {
+      wait_down(std::move(c));
+      co_return;
+    }
     if (ec) break;  // the Session's end (or an error)
-    c->arm(write_timeout);
+    c->arm(c->write_timeout);
     bool failed = false;
     for (std::size_t off = 0; off < n && !failed;) {
       ERR_clear_error();
@@ -192,15 +230,8 @@ task<void> pump_down(std::shared_ptr<Conn> c, std::chrono::milliseconds write_ti
     }
     c->disarm();
     if (failed) break;
-    if (!c->inner.available(ec) || ec) buf.reset();  // idle again
   }
-  ERR_clear_error();
-  // The Session closed (or the client went): end the other direction's wait; it then sends
-  // close_notify to the client.
-  c->closing = true;
-  boost::system::error_code ig;
-  c->sock.cancel(ig);
-  c->inner.cancel(ig);
+  end_down(*c);
 }
 
 // The handshake, under the guard armed by the caller. 1: done; 0: failed (counted and logged).
@@ -295,8 +326,11 @@ task<void> run_connection(std::shared_ptr<Conn> c, std::shared_ptr<const TlsCont
     co_return;  // dropping the session closes its end; ours and the client's close with c
   }
   Session::start(std::move(s), false);
+  c->write_timeout = write_timeout;
+  // The handshake's read may already hold the first request: read first. The Session has said
+  // nothing yet: wait for it.
   net::co_spawn(c->w.ioc, pump_up(c), net::detached);
-  co_await pump_down(c, write_timeout);
+  wait_down(std::move(c));
 }
 
 }  // namespace
