@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
@@ -43,6 +45,33 @@ std::chrono::milliseconds margin_of(std::chrono::milliseconds ttl) {
   return std::max<std::chrono::milliseconds>(ttl / 5, std::chrono::milliseconds(500));
 }
 
+// Issue 27: the fleet's etcd security, as a route authority's (the files were checked by the
+// config's validation; one that no longer loads throws std::invalid_argument naming the field).
+election::EtcdSecurity security_of(const config::Config::Fleet& f) {
+  election::EtcdSecurity s{f.cacert, f.cert, f.key, f.user, {}};
+  if (!f.user.empty()) {
+    if (!f.password_file.empty()) {
+      if (auto e = election::read_etcd_password(f.password_file, &s.password); !e.empty())
+        throw std::invalid_argument("fleet.password_file: " + e);
+    } else if (const char* env = std::getenv("FENCEGATE_ETCD_PASSWORD")) {
+      s.password = env;
+    }
+  }
+  if (auto e = election::check_etcd_security(s, f.etcd, "fleet."); !e.empty()) throw std::invalid_argument(e);
+  return s;
+}
+
+// An etcd failure in the fleet's words: which fleet.* setting to look at when etcd refused us.
+std::string describe(const election::Status& st) {
+  std::string m = st.to_string();
+  if (m.find("client certificate") != std::string::npos)
+    m += " [set fleet.cert and fleet.key: etcd requires a client certificate]";
+  else if (m.find("does not verify") != std::string::npos) m += " [check fleet.cacert]";
+  else if (m.find("authentication") != std::string::npos || m.find("--user") != std::string::npos)
+    m += " [check fleet.user and fleet.password_file / FENCEGATE_ETCD_PASSWORD]";
+  return m;
+}
+
 }  // namespace
 
 // The Store the Fence is given in a fleet: generations in etcd, the rest in local SQLite.
@@ -58,7 +87,7 @@ class FleetStore final : public store::Store {
         fleet_.client_->range(fleet_.key("fence/", ""), election::prefix_range_end(fleet_.key("fence/", "")), &kvs);
     std::vector<store::ResourceState> out;
     if (!st.ok()) {
-      if (status) *status = store::Status::Error("fleet: reading fence/ from etcd failed: " + st.to_string());
+      if (status) *status = store::Status::Error("fleet: reading fence/ from etcd failed: " + describe(st));
       return out;
     }
     const std::string p = fleet_.key("fence/", "");
@@ -114,6 +143,7 @@ Fleet::Fleet(const config::Config& cfg)
       drain_timeout_(cfg.drain_timeout) {
   election::ClientOptions o;
   o.endpoints = cfg.fleet.etcd;
+  o.security = security_of(cfg.fleet);  // issue 27: https and etcd users
   // A call must not outlast a renewal interval: a round that hangs is a failed round.
   o.request_timeout = std::min<std::chrono::milliseconds>(ttl_ / 3, std::chrono::milliseconds(2000));
   o.connect_timeout = std::min<std::chrono::milliseconds>(o.request_timeout, std::chrono::milliseconds(500));
@@ -274,14 +304,14 @@ bool Fleet::join() {
   const std::int64_t secs = (ttl_.count() + 999) / 1000;
   election::Status st = client_->grant(secs, &g);
   if (!st.ok()) {
-    log::warn("fleet: cannot join (lease grant failed)", {log::kv("fleet", name_), log::kv("error", st.to_string())});
+    log::warn("fleet: cannot join (lease grant failed)", {log::kv("fleet", name_), log::kv("error", describe(st))});
     return false;
   }
   json v = {{"member", member_}, {"started_ms", now_unix_ms()}, {"ttl_ms", ttl_.count()}};
   st = client_->put(key("members/", member_), v.dump(), g.id);
   if (!st.ok() || !poll()) {
     (void)client_->revoke(g.id, std::chrono::milliseconds(500));
-    log::warn("fleet: cannot join", {log::kv("fleet", name_), log::kv("error", st.to_string())});
+    log::warn("fleet: cannot join", {log::kv("fleet", name_), log::kv("error", describe(st))});
     return false;
   }
   lease_.store(g.id);

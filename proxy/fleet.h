@@ -48,7 +48,8 @@ class Fleet {
   // The fleet thread's tick (no etcd request: it only checks whether a renewal round is due).
   static constexpr std::chrono::milliseconds kPollEvery{25};
 
-  // REQUIRES: cfg.fleet.enabled() (validated).
+  // REQUIRES: cfg.fleet.enabled() (validated). Throws std::invalid_argument naming the fleet.*
+  // field if an etcd TLS file or the password file no longer loads (issue 27).
   Fleet(const config::Config& cfg);
   ~Fleet();  // stop()
   Fleet(const Fleet&) = delete;
