@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <stdexcept>
 #include <nlohmann/json.hpp>
 
@@ -184,11 +185,43 @@ void Fleet::on_watch(const election::WatchBatch& b) {
     if (e.type != election::WatchEvent::Type::put) continue;
     const std::string& k = e.kv.key;
     if (k.starts_with(fp)) {
-      if (std::int64_t g = parse_gen(e.kv.value); g > 0) fence_->note_remote(k.substr(fp.size()), g);
+      std::string who;
+      if (std::int64_t g = parse_gen(e.kv.value, &who); g > 0) on_committed(k.substr(fp.size()), g, who);
     } else if (k.starts_with(ip)) {
-      if (std::int64_t g = parse_gen(e.kv.value); g > 0) fence_->note_remote(k.substr(ip.size()), g);
+      std::string who;
+      if (std::int64_t g = parse_gen(e.kv.value, &who); g > 0) on_intent(k.substr(ip.size()), g, who);
     }
   }
+}
+
+// The fast acknowledgement (docs/fleet.md, "Acknowledging"): another member's intent of x, and
+// nothing of r below x in flight here: seen is raised to x under the resource's lock (nothing
+// below x is admitted from then on) and the ack is put at once, from this thread, on the member
+// key's own lease. Anything else (a drain needed, an advance of r under way here, not a member,
+// the put failed) takes the slow path: Fence::note_remote, then the decorator's advance().
+void Fleet::on_intent(const std::string& r, std::int64_t x, const std::string& who) {
+  const std::int64_t lease = lease_.load();
+  if (who == member_ || lease == 0 || !member() || stopping_.load()) {
+    fence_->note_remote(r, x);
+    return;
+  }
+  if (!fence_->note_intent(r, x)) return;  // the slow path runs (or x is old news)
+  if (!client_->put(ack_key(r, x, member_), "", lease).ok()) {
+    fence_->note_remote(r, x);  // x == seen > stored: the advance (and its ack) is tried again
+    return;
+  }
+  fast_acks_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard lk(mu_);
+  acked_[r] = std::max(acked_[r], x);
+}
+
+// A commit of g (fence/<r>) the watch delivered: durable in etcd (a watch sends only applied
+// revisions). With nothing in the way the fence takes it at once, and the local copy follows;
+// else the slow path reads it again.
+void Fleet::on_committed(const std::string& r, std::int64_t g, const std::string& who) {
+  if (fence_->note_committed(r, g) && local_) local_->advance(r, g, who, nullptr);
+  std::lock_guard lk(mu_);
+  if (auto it = acked_.find(r); it != acked_.end() && it->second <= g) acked_.erase(it);
 }
 
 Fleet::~Fleet() { stop(); }
@@ -347,10 +380,24 @@ bool Fleet::poll() {
   if (!client_->range(fp, election::prefix_range_end(fp), &fences).ok()) return false;
   if (!client_->range(mp, election::prefix_range_end(mp), &members).ok()) return false;
   if (fence_) {
+    std::map<std::string, std::int64_t> committed;
     for (const KeyValue& kv : fences)
-      if (std::int64_t g = parse_gen(kv.value); g > 0) fence_->note_remote(kv.key.substr(fp.size()), g);
+      if (std::int64_t g = parse_gen(kv.value); g > 0) {
+        committed[kv.key.substr(fp.size())] = g;
+        fence_->note_remote(kv.key.substr(fp.size()), g);
+      }
     for (const KeyValue& kv : intents)
       if (std::int64_t g = parse_gen(kv.value); g > 0) fence_->note_remote(kv.key.substr(ip.size()), g);
+    // An intent acknowledged by the fast path and not committed yet (its advancer slow, or gone
+    // with its lease): the slow path takes it over, as it would have without the fast path (it
+    // waits for the commit, or completes the advance itself once the intent is gone).
+    std::map<std::string, std::int64_t> open;
+    {
+      std::lock_guard lk(mu_);
+      open.swap(acked_);
+    }
+    for (const auto& [r, x] : open)
+      if (auto it = committed.find(r); it == committed.end() || it->second < x) fence_->note_remote(r, x);
   }
   const std::int64_t now = now_unix_ms();
   std::lock_guard lk(mu_);
@@ -539,6 +586,9 @@ void Fleet::render_metrics(std::string& out) const {
   out += "# HELP fencegate_fleet_acks_waited_total Other members an advance had to wait for.\n";
   out += "# TYPE fencegate_fleet_acks_waited_total counter\n";
   out += "fencegate_fleet_acks_waited_total " + std::to_string(acks_waited_.load()) + "\n";
+  out += "# HELP fencegate_fleet_fast_acks_total Intents acknowledged straight from the watch (nothing to drain).\n";
+  out += "# TYPE fencegate_fleet_fast_acks_total counter\n";
+  out += "fencegate_fleet_fast_acks_total " + std::to_string(fast_acks_.load()) + "\n";
   out += "# HELP fencegate_fleet_unavailable_total Times this replica's membership lapsed.\n";
   out += "# TYPE fencegate_fleet_unavailable_total counter\n";
   out += "fencegate_fleet_unavailable_total " + std::to_string(unavailable_.load()) + "\n";
