@@ -453,11 +453,13 @@ store::Status Fleet::run_advance(const std::string& r, std::int64_t w) {
     if (BootClock::now() > give_up) return store::Status::Error("fleet: the advance did not complete in time");
     // 1. read
     const std::uint64_t seen_events = events();
-    std::vector<KeyValue> f, i;
-    if (!client_->range(fk, "", &f).ok() || !client_->range(ik, "", &i).ok()) {
+    std::vector<std::vector<KeyValue>> got;  // fence/r, intent/r: one round trip, one revision
+    if (!client_->ranges({{fk, ""}, {ik, ""}}, &got).ok()) {
       if (!sleep_for(std::chrono::milliseconds(20))) continue;
       continue;
     }
+    const std::vector<KeyValue>& f = got[0];
+    const std::vector<KeyValue>& i = got[1];
     const std::int64_t F = f.empty() ? 0 : parse_gen(f[0].value);
     const std::int64_t fmod = f.empty() ? 0 : f[0].mod_revision;
     // 2. committed already
@@ -509,12 +511,16 @@ bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t i
   for (;;) {
     if (stopping_.load() || !member() || BootClock::now() > give_up) return false;
     const std::uint64_t seen_events = events();
-    std::vector<KeyValue> members, acks, i;
-    if (!client_->range(ik, "", &i).ok() || !client_->range(mp, election::prefix_range_end(mp), &members).ok() ||
-        !client_->range(ap, election::prefix_range_end(ap), &acks).ok()) {
+    // intent/r, members/, acks/r/x/: one round trip, one revision.
+    std::vector<std::vector<KeyValue>> got;
+    if (!client_->ranges({{ik, ""}, {mp, election::prefix_range_end(mp)}, {ap, election::prefix_range_end(ap)}}, &got)
+             .ok()) {
       if (!sleep_for(std::chrono::milliseconds(20))) return false;
       continue;
     }
+    const std::vector<KeyValue>& i = got[0];
+    const std::vector<KeyValue>& members = got[1];
+    const std::vector<KeyValue>& acks = got[2];
     if (i.empty() || i[0].mod_revision != intent_mod) return false;  // superseded or gone
     bool all = true;
     for (const KeyValue& m : members) {
