@@ -361,3 +361,56 @@ TEST_CASE(
   for (const auto& q : up.requests()) seen.push_back(q.fencing_token().value_or(-1));
   CHECK(seen == std::vector<std::int64_t>{1, 2, 2});  // the stale write never reached the upstream
 }
+
+// Issue 27 for the fleet: etcd users (fleet.user, fleet.password_file or FENCEGATE_ETCD_PASSWORD).
+TEST_CASE("fleet over etcd TLS with users: replicas log in and advance; a wrong password fails closed naming it") {
+  FG_REQUIRE_TLS_TOOLS();
+  if (run_shell("command -v etcdctl") != 0) {
+    MESSAGE("SKIPPED: etcdctl is not installed (etcd-client)");
+    return;
+  }
+  TempDir cdir("fencegate-certs");
+  TestCerts certs{cdir.path()};
+  const std::string made = certs.make();
+  REQUIRE_MESSAGE(made.empty(), made);
+  TlsEtcd etcd(certs, /*client_cert_auth=*/false);
+  REQUIRE_MESSAGE(etcd.start(), etcd.log());
+  for (const char* cmd : {"user add root:rootpw", "user add fg:fgpw", "user grant-role fg root", "auth enable"})
+    REQUIRE_MESSAGE(etcd.etcdctl(cmd).empty(), etcd.etcdctl(cmd));
+  TempDir dir("fencegate-fleet-auth");
+  write_file(dir.file("pw"), "fgpw\n");
+  write_file(dir.file("bad"), "nope\n");
+  ::chmod(dir.file("pw").c_str(), 0600);
+  ::chmod(dir.file("bad").c_str(), 0600);
+  RecordingUpstream up;
+  const json routes =
+      json::array({{{"prefix", "/"}, {"upstream", up.url()}, {"resource", "ledger"}, {"mode", "enforce"}}});
+  auto fleet_of = [&](const std::string& member, const std::string& pw) {
+    return json{{"fleet",
+                 {{"etcd", {etcd.url()}},
+                  {"name", "auth"},
+                  {"member", member},
+                  {"ttl_ms", kFleetTtlMs},
+                  {"cacert", certs.ca()},
+                  {"user", "fg"},
+                  {"password_file", pw}}}};
+  };
+  Replica a({etcd.url()}, "auth", "a", routes, fleet_of("a", dir.file("pw")));
+  Replica b({etcd.url()}, "auth", "b", routes, fleet_of("b", dir.file("pw")));
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE_MESSAGE(b.start(), b.log());
+  INFO(a.log());
+  INFO(b.log());
+  auto r = a.write(1);
+  CHECK_MESSAGE(r.code() == 200, describe(r));
+  r = b.write(2);
+  CHECK_MESSAGE(r.code() == 200, describe(r));
+  CHECK(a.write(1).code() == 409);
+  CHECK(a.write(2).code() == 200);
+
+  Replica wrong({etcd.url()}, "auth", "c", routes, fleet_of("c", dir.file("bad")));
+  std::string out;
+  CHECK(run_fencegate({"serve", "--config", wrong.config_path()}, &out) == 1);
+  CHECK_MESSAGE(out.find("authentication failed") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("fleet.user") != std::string::npos, out);
+}
