@@ -327,6 +327,9 @@ TEST_CASE(
   CHECK_MESSAGE(r.code() == 200, describe(r));
   CHECK(a.write(1).code() == 409);
   CHECK(a.write(2).code() == 200);
+  // b had nothing in flight when a's intent of 1 came: its watch (over TLS) delivered it, and b
+  // acknowledged it from there.
+  CHECK(b.metric("fencegate_fleet_fast_acks_total") >= 1);
   election::ClientOptions co;
   co.endpoints = {etcd.url()};
   co.security.cacert = certs.ca();
@@ -407,6 +410,9 @@ TEST_CASE("fleet over etcd TLS with users: replicas log in and advance; a wrong 
   CHECK_MESSAGE(r.code() == 200, describe(r));
   CHECK(a.write(1).code() == 409);
   CHECK(a.write(2).code() == 200);
+  // b had nothing in flight when a's intent of 1 came: its watch (over TLS) delivered it, and b
+  // acknowledged it from there.
+  CHECK(b.metric("fencegate_fleet_fast_acks_total") >= 1);
 
   Replica wrong({etcd.url()}, "auth", "c", routes, fleet_of("c", dir.file("bad")));
   std::string out;
