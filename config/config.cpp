@@ -378,6 +378,18 @@ std::string parse_section_int(std::string_view text, std::int64_t lo, std::int64
         [](const Config& c) { return std::to_string(c.admin.name); }, "N", help \
   }
 
+// Fleet (issue 27): a non-empty string setting of the fleet's etcd security (paths, the user).
+#define FG_FLEET_STRING_FIELD(name, meta, help)                                                               \
+  SectionField {                                                                                              \
+    "fleet." #name, JsonKind::string,                                                                         \
+        [](Config& c, std::string_view v) -> std::string {                                                    \
+          if (v.empty()) return "must not be empty";                                                          \
+          c.fleet.name = v;                                                                                   \
+          return {};                                                                                          \
+        },                                                                                                    \
+        [](const Config& c) { return c.fleet.name.empty() ? std::string("none") : c.fleet.name; }, meta, help \
+  }
+
 // Fleet (issue 33): "name" and "member" are 1-64 of [A-Za-z0-9._-] (they are parts of etcd keys).
 std::string set_fleet_id(std::string& out, std::string_view v) {
   if (v.empty() || v.size() > 64 || !std::all_of(v.begin(), v.end(), [](char ch) {
@@ -387,20 +399,20 @@ std::string set_fleet_id(std::string& out, std::string_view v) {
   out = std::string(v);
   return {};
 }
-// Fleet (issue 33): comma-separated http://host:port URLs (the JSON array is joined first).
+// Fleet (issue 33): comma-separated http:// or https://host:port URLs (the JSON array is joined
+// first). https (issue 27) takes fleet.cacert / cert / key.
 std::string set_fleet_etcd(Config& c, std::string_view v) {
   std::vector<std::string> out;
   std::size_t start = 0;
   while (start <= v.size()) {
     std::size_t comma = v.find(',', start);
     std::string_view item = v.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    const std::size_t scheme = item.starts_with("https://") ? 8 : item.starts_with("http://") ? 7 : 0;
+    const std::size_t len =
+        item.size() > scheme && item.back() == '/' ? item.size() - scheme - 1 : std::string_view::npos;
     Endpoint ep;
-    if (item.substr(0, 7) != "http://" || item.size() > 512 ||
-        !parse_endpoint(item.substr(7,
-                                    item.size() > 7 && item.back() == '/' ? item.size() - 8 : std::string_view::npos),
-                        ep)
-             .empty())
-      return "each endpoint must be http://host:port (got " + quote(item) + ")";
+    if (scheme == 0 || item.size() > 512 || !parse_endpoint(item.substr(scheme, len), ep).empty())
+      return "each endpoint must be http://host:port or https://host:port (got " + quote(item) + ")";
     out.emplace_back(item.back() == '/' ? item.substr(0, item.size() - 1) : item);
     if (comma == std::string_view::npos) break;
     start = comma + 1;
@@ -529,7 +541,9 @@ const SectionField kSectionFieldRows[] = {
        for (const auto& e : c.fleet.etcd) out += (out.empty() ? "" : ",") + e;
        return out.empty() ? "none" : out;
      },
-     "URLS", "fleet: etcd endpoints, http://host:port, comma separated (JSON: an array); enables the fleet"},
+     "URLS",
+     "fleet: etcd endpoints, http://host:port or https://host:port, comma separated (JSON: an array); enables the "
+     "fleet"},
     {"fleet.name", JsonKind::string, [](Config& c, std::string_view v) { return set_fleet_id(c.fleet.name, v); },
      [](const Config& c) { return c.fleet.name.empty() ? std::string("none") : c.fleet.name; }, "NAME",
      "fleet: the fleet's name (keys under fencegate/fleet/NAME/)"},
@@ -545,10 +559,19 @@ const SectionField kSectionFieldRows[] = {
      },
      [](const Config& c) { return std::to_string(c.fleet.ttl.count()); }, "MS",
      "fleet: membership lease TTL in ms (2000..600000)"},
+    // Issue 27: the fleet's etcd over https and etcd users (the keys of a route authority).
+    FG_FLEET_STRING_FIELD(cacert, "FILE", "fleet: CA bundle (PEM) etcd's https certificate must chain to"),
+    FG_FLEET_STRING_FIELD(cert, "FILE", "fleet: client certificate (PEM) for an etcd with --client-cert-auth"),
+    FG_FLEET_STRING_FIELD(key, "FILE", "fleet: private key of fleet.cert (PEM)"),
+    FG_FLEET_STRING_FIELD(user, "NAME",
+                          "fleet: etcd user (password from fleet.password_file or FENCEGATE_ETCD_PASSWORD)"),
+    FG_FLEET_STRING_FIELD(password_file, "FILE",
+                          "fleet: file holding fleet.user's etcd password (mode 0600 or stricter)"),
 };
 
 #undef FG_ADMIN_MS_FIELD
 #undef FG_ADMIN_COUNT_FIELD
+#undef FG_FLEET_STRING_FIELD
 
 const char* const kSectionNames[] = {"admin", "audit", "tls", "fleet"};
 

@@ -191,10 +191,14 @@ struct Config {
   // Fleet (issue 33, docs/fleet.md): one fence shared by several replicas on etcd. Off (the
   // single-sidecar fence in SQLite) unless `etcd` is given; then name and member are required.
   struct Fleet {
-    std::vector<std::string> etcd;  // "http://host:port" each
+    std::vector<std::string> etcd;  // "http://host:port" or "https://host:port" each
     std::string name;               // the fleet: keys under fencegate/fleet/<name>/
     std::string member;             // this replica's id, unique in the fleet
     std::chrono::milliseconds ttl{5000};
+    // Issue 27: etcd over https and etcd users, as an authority's (docs/fleet.md, docs/tls.md):
+    // "cacert", "cert", "key" (PEM paths), "user" and "password_file" (owner-only mode; or
+    // FENCEGATE_ETCD_PASSWORD). TLS files only with https:// endpoints.
+    std::string cacert, cert, key, user, password_file;
     bool enabled() const { return !etcd.empty(); }
   } fleet;
 

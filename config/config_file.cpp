@@ -403,7 +403,8 @@ void parse_section(Config& c, const std::string& section, const json& j, std::ve
             if (ok) text += (text.empty() ? "" : ",") + e.get<std::string>();
           }
           if (!ok) {
-            errors.push_back(path + ": must be a non-empty array of \"http://host:port\" strings (got " + got(v) + ")");
+            errors.push_back(path + ": must be a non-empty array of \"http[s]://host:port\" strings (got " + got(v) +
+                             ")");
             continue;
           }
           break;

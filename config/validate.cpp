@@ -154,14 +154,11 @@ void check_readable(const std::string& field, const std::string& path, std::vect
   else if (text.empty()) errors.push_back(field + ": " + path + " is empty");
 }
 
-// Issue 27 (tls-ctl): an authority's etcd TLS files and user; the admin listener's TLS.
-void check_authority_tls(const Authority& a, const std::string& path, std::vector<std::string>& errors) {
+// Issue 27 (tls-ctl): etcd TLS files and user, of an authority (`path` "routes[i].authority") or
+// of the fleet ("fleet"); `E` has the fields cacert, cert, key, user, password_file and etcd.
+template <class E>
+void check_etcd_tls(const E& a, const std::string& path, std::vector<std::string>& errors) {
   const bool tls = !a.cacert.empty() || !a.cert.empty() || !a.key.empty();
-  if (!tls && a.user.empty() && a.password_file.empty()) return;
-  if (!a.coordinator.empty()) {
-    errors.push_back(path + ": cacert, cert, key, user and password_file are only for an etcd authority");
-    return;
-  }
   bool https = false;
   for (const auto& e : a.etcd) https = https || e.rfind("https://", 0) == 0;
   if (tls && !https) errors.push_back(path + ".cacert: TLS files need https:// etcd endpoints");
@@ -183,6 +180,17 @@ void check_authority_tls(const Authority& a, const std::string& path, std::vecto
       errors.push_back(path + ".password_file: required with user (or set FENCEGATE_ETCD_PASSWORD)");
     }
   }
+}
+
+// Issue 27 (tls-ctl): an authority's etcd TLS files and user; the admin listener's TLS.
+void check_authority_tls(const Authority& a, const std::string& path, std::vector<std::string>& errors) {
+  const bool tls = !a.cacert.empty() || !a.cert.empty() || !a.key.empty();
+  if (!tls && a.user.empty() && a.password_file.empty()) return;
+  if (!a.coordinator.empty()) {
+    errors.push_back(path + ": cacert, cert, key, user and password_file are only for an etcd authority");
+    return;
+  }
+  check_etcd_tls(a, path, errors);
 }
 
 void check_admin_tls(const Config& c, std::vector<std::string>& errors) {
@@ -342,6 +350,10 @@ void validate(Config& c, std::vector<std::string>& errors) {
     if (!c.fleet.enabled()) errors.push_back("fleet.etcd: required when fleet.name or fleet.member is set");
     if (c.fleet.name.empty()) errors.push_back("fleet.name: required in a fleet");
     if (c.fleet.member.empty()) errors.push_back("fleet.member: required in a fleet");
+    check_etcd_tls(c.fleet, "fleet", errors);  // issue 27: https and etcd users
+  } else if (!c.fleet.cacert.empty() || !c.fleet.cert.empty() || !c.fleet.key.empty() || !c.fleet.user.empty() ||
+             !c.fleet.password_file.empty()) {
+    errors.push_back("fleet.etcd: required when other fleet settings are given");
   }
   if (c.db.empty()) errors.push_back("db: must not be empty");
   // A newline or other control character in the path (a stray "\n" from a secret or a heredoc)
@@ -506,8 +518,10 @@ std::vector<std::string> reload_incompatibilities(const Config& current, const C
   check("admin.tls", current.admin.tls.enabled() ? "on" : "off", next.admin.tls.enabled() ? "on" : "off");
   // Fleet (issue 33): its membership runs from the start of the process.
   auto fleet_text = [](const Config& c) {
-    std::string t = c.fleet.name + "/" + c.fleet.member + "/" + std::to_string(c.fleet.ttl.count());
-    for (const auto& e : c.fleet.etcd) t += " " + e;
+    const auto& f = c.fleet;
+    std::string t = f.name + "/" + f.member + "/" + std::to_string(f.ttl.count());
+    for (const auto& e : f.etcd) t += " " + e;
+    for (const std::string* s : {&f.cacert, &f.cert, &f.key, &f.user, &f.password_file}) t += " " + quote(*s);
     return c.fleet.enabled() ? t : std::string("none");
   };
   check("fleet", fleet_text(current), fleet_text(next));

@@ -397,6 +397,35 @@ Status Client::range(std::string_view key, std::string_view range_end, std::vect
   return Status::OK();
 }
 
+Status Client::ranges(const std::vector<std::pair<std::string, std::string>>& reads,
+                      std::vector<std::vector<KeyValue>>* out, ResponseHeader* header) {
+  json ops = json::array();
+  for (const auto& [key, range_end] : reads) {
+    json r = {{"key", base64_encode(key)}};
+    if (!range_end.empty()) r["range_end"] = base64_encode(range_end);
+    ops.push_back({{"request_range", r}});
+  }
+  std::string text;
+  Status st = call("/v3/kv/txn", json{{"success", ops}}.dump(), &text, options_.request_timeout);
+  if (!st.ok()) return st;
+  json j;
+  if (st = parse_object(text, &j); !st.ok()) return st;
+  auto rs = j.find("responses");
+  if (rs == j.end() || !rs->is_array() || rs->size() != reads.size())
+    return Status::Protocol("etcd txn answered without one response per range: " + text.substr(0, 200));
+  if (header) *header = detail::header_from(j);
+  out->assign(reads.size(), {});
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    const json& r = (*rs)[i];
+    auto rr = r.is_object() ? r.find("response_range") : r.end();
+    if (!r.is_object() || rr == r.end() || !rr->is_object())
+      return Status::Protocol("etcd txn answered a range without response_range: " + text.substr(0, 200));
+    if (auto kvs = rr->find("kvs"); kvs != rr->end() && kvs->is_array())
+      for (const auto& kv : *kvs) (*out)[i].push_back(detail::kv_from(kv));
+  }
+  return Status::OK();
+}
+
 Status Client::put(std::string_view key, std::string_view value, std::int64_t lease, ResponseHeader* header) {
   json req = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
   if (lease) req["lease"] = str64(lease);

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "election_client/status.h"
@@ -136,6 +137,10 @@ class Client {
   // KV (for watch resync and tests). range_end "" = just `key`.
   Status range(std::string_view key, std::string_view range_end, std::vector<KeyValue>* out,
                ResponseHeader* header = nullptr);
+  // Several ranges in one read-only transaction: one round trip, every range at one revision
+  // (linearizable, as range()). (*out)[i] holds what reads[i] = {key, range_end} found.
+  Status ranges(const std::vector<std::pair<std::string, std::string>>& reads, std::vector<std::vector<KeyValue>>* out,
+                ResponseHeader* header = nullptr);
   Status put(std::string_view key, std::string_view value, std::int64_t lease = 0, ResponseHeader* header = nullptr);
   Status delete_range(std::string_view key, std::string_view range_end, std::int64_t* deleted = nullptr);
 

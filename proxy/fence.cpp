@@ -692,6 +692,60 @@ void Fence::note_remote(const std::string& resource, std::int64_t g) {
   run(after);
 }
 
+bool Fence::note_intent(const std::string& resource, std::int64_t g) {
+  FenceResource* r = find_or_create(resource);
+  if (!r) return false;
+  After after;
+  bool clear = false;
+  {
+    std::lock_guard lk(r->mu);
+    if (g < r->seen || g <= r->stored) return false;
+    clear = !r->advancing && !r->committing && r->waiting.empty() && drained(r);
+    if (g > r->seen) {
+      r->seen = g;
+      r->seen_leader.clear();
+      for (auto& w : r->waiting)
+        after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
+      r->waiting.clear();
+    }
+    // Nothing in the way: seen alone makes the acknowledgement true (docs/fleet.md, guarantee 3).
+    if (!clear && !r->advancing) start_advance(r, after);
+  }
+  run(after);
+  return clear;
+}
+
+bool Fence::note_committed(const std::string& resource, std::int64_t g) {
+  FenceResource* r = find_or_create(resource);
+  if (!r) return false;
+  After after;
+  {
+    std::lock_guard lk(r->mu);
+    if (g <= r->stored) return false;
+    if (!r->advancing && !r->committing && r->waiting.empty() && drained(r)) {
+      r->stored = g;
+      if (g > r->seen) {
+        r->seen = g;
+        r->seen_leader.clear();
+      }
+      std::lock_guard sl(stats_mu_);
+      ++stats_.advances;
+      return true;
+    }
+    if (g < r->seen) return false;  // an advance to a higher one is under way: it reads this too
+    if (g > r->seen) {
+      r->seen = g;
+      r->seen_leader.clear();
+      for (auto& w : r->waiting)
+        after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
+      r->waiting.clear();
+    }
+    if (!r->advancing) start_advance(r, after);
+  }
+  run(after);
+  return false;
+}
+
 std::size_t Fence::abort_inflight() {
   std::vector<FenceResource*> all;
   {

@@ -224,6 +224,18 @@ class Fence {
   // aborted after drain_timeout, then the store's advance(g) runs). No-op if g < seen, if
   // g <= stored, or while an advance is under way; g == seen > stored restarts a failed advance.
   void note_remote(const std::string& resource, std::int64_t g);
+  // Another replica's intent of g (issue 33's fast acknowledgement). If no advance of the resource
+  // is under way here, nothing is parked and no write is in flight (enforce or observe), raises
+  // seen to g (from now on nothing below g is admitted) without starting an advance and returns
+  // true: this replica may acknowledge g at once. Otherwise does what note_remote does (the drain,
+  // then the store's advance) and returns false. Also false, with no effect, if g < seen or
+  // g <= stored.
+  bool note_intent(const std::string& resource, std::int64_t g);
+  // A generation g committed in etcd (a put of fence/<r> the watch delivered). If no advance is
+  // under way, nothing is parked and no write is in flight, stored and seen become at least g at
+  // once (no store call: the caller keeps the local copy) and true is returned; otherwise does
+  // what note_remote does and returns false. False with no effect if g <= stored.
+  bool note_committed(const std::string& resource, std::int64_t g);
   // Calls abort on every in-flight enforce write not yet aborted (membership lapsed). Returns
   // how many it aborted.
   std::size_t abort_inflight();

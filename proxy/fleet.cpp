@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
@@ -43,6 +46,33 @@ std::chrono::milliseconds margin_of(std::chrono::milliseconds ttl) {
   return std::max<std::chrono::milliseconds>(ttl / 5, std::chrono::milliseconds(500));
 }
 
+// Issue 27: the fleet's etcd security, as a route authority's (the files were checked by the
+// config's validation; one that no longer loads throws std::invalid_argument naming the field).
+election::EtcdSecurity security_of(const config::Config::Fleet& f) {
+  election::EtcdSecurity s{f.cacert, f.cert, f.key, f.user, {}};
+  if (!f.user.empty()) {
+    if (!f.password_file.empty()) {
+      if (auto e = election::read_etcd_password(f.password_file, &s.password); !e.empty())
+        throw std::invalid_argument("fleet.password_file: " + e);
+    } else if (const char* env = std::getenv("FENCEGATE_ETCD_PASSWORD")) {
+      s.password = env;
+    }
+  }
+  if (auto e = election::check_etcd_security(s, f.etcd, "fleet."); !e.empty()) throw std::invalid_argument(e);
+  return s;
+}
+
+// An etcd failure in the fleet's words: which fleet.* setting to look at when etcd refused us.
+std::string describe(const election::Status& st) {
+  std::string m = st.to_string();
+  if (m.find("client certificate") != std::string::npos)
+    m += " [set fleet.cert and fleet.key: etcd requires a client certificate]";
+  else if (m.find("does not verify") != std::string::npos) m += " [check fleet.cacert]";
+  else if (m.find("authentication") != std::string::npos || m.find("--user") != std::string::npos)
+    m += " [check fleet.user and fleet.password_file / FENCEGATE_ETCD_PASSWORD]";
+  return m;
+}
+
 }  // namespace
 
 // The Store the Fence is given in a fleet: generations in etcd, the rest in local SQLite.
@@ -58,7 +88,7 @@ class FleetStore final : public store::Store {
         fleet_.client_->range(fleet_.key("fence/", ""), election::prefix_range_end(fleet_.key("fence/", "")), &kvs);
     std::vector<store::ResourceState> out;
     if (!st.ok()) {
-      if (status) *status = store::Status::Error("fleet: reading fence/ from etcd failed: " + st.to_string());
+      if (status) *status = store::Status::Error("fleet: reading fence/ from etcd failed: " + describe(st));
       return out;
     }
     const std::string p = fleet_.key("fence/", "");
@@ -114,6 +144,7 @@ Fleet::Fleet(const config::Config& cfg)
       drain_timeout_(cfg.drain_timeout) {
   election::ClientOptions o;
   o.endpoints = cfg.fleet.etcd;
+  o.security = security_of(cfg.fleet);  // issue 27: https and etcd users
   // A call must not outlast a renewal interval: a round that hangs is a failed round.
   o.request_timeout = std::min<std::chrono::milliseconds>(ttl_ / 3, std::chrono::milliseconds(2000));
   o.connect_timeout = std::min<std::chrono::milliseconds>(o.request_timeout, std::chrono::milliseconds(500));
@@ -154,11 +185,43 @@ void Fleet::on_watch(const election::WatchBatch& b) {
     if (e.type != election::WatchEvent::Type::put) continue;
     const std::string& k = e.kv.key;
     if (k.starts_with(fp)) {
-      if (std::int64_t g = parse_gen(e.kv.value); g > 0) fence_->note_remote(k.substr(fp.size()), g);
+      std::string who;
+      if (std::int64_t g = parse_gen(e.kv.value, &who); g > 0) on_committed(k.substr(fp.size()), g, who);
     } else if (k.starts_with(ip)) {
-      if (std::int64_t g = parse_gen(e.kv.value); g > 0) fence_->note_remote(k.substr(ip.size()), g);
+      std::string who;
+      if (std::int64_t g = parse_gen(e.kv.value, &who); g > 0) on_intent(k.substr(ip.size()), g, who);
     }
   }
+}
+
+// The fast acknowledgement (docs/fleet.md, "Acknowledging"): another member's intent of x, and
+// nothing of r below x in flight here: seen is raised to x under the resource's lock (nothing
+// below x is admitted from then on) and the ack is put at once, from this thread, on the member
+// key's own lease. Anything else (a drain needed, an advance of r under way here, not a member,
+// the put failed) takes the slow path: Fence::note_remote, then the decorator's advance().
+void Fleet::on_intent(const std::string& r, std::int64_t x, const std::string& who) {
+  const std::int64_t lease = lease_.load();
+  if (who == member_ || lease == 0 || !member() || stopping_.load()) {
+    fence_->note_remote(r, x);
+    return;
+  }
+  if (!fence_->note_intent(r, x)) return;  // the slow path runs (or x is old news)
+  if (!client_->put(ack_key(r, x, member_), "", lease).ok()) {
+    fence_->note_remote(r, x);  // x == seen > stored: the advance (and its ack) is tried again
+    return;
+  }
+  fast_acks_.fetch_add(1, std::memory_order_relaxed);
+  std::lock_guard lk(mu_);
+  acked_[r] = std::max(acked_[r], x);
+}
+
+// A commit of g (fence/<r>) the watch delivered: durable in etcd (a watch sends only applied
+// revisions). With nothing in the way the fence takes it at once, and the local copy follows;
+// else the slow path reads it again.
+void Fleet::on_committed(const std::string& r, std::int64_t g, const std::string& who) {
+  if (fence_->note_committed(r, g) && local_) local_->advance(r, g, who, nullptr);
+  std::lock_guard lk(mu_);
+  if (auto it = acked_.find(r); it != acked_.end() && it->second <= g) acked_.erase(it);
 }
 
 Fleet::~Fleet() { stop(); }
@@ -274,14 +337,14 @@ bool Fleet::join() {
   const std::int64_t secs = (ttl_.count() + 999) / 1000;
   election::Status st = client_->grant(secs, &g);
   if (!st.ok()) {
-    log::warn("fleet: cannot join (lease grant failed)", {log::kv("fleet", name_), log::kv("error", st.to_string())});
+    log::warn("fleet: cannot join (lease grant failed)", {log::kv("fleet", name_), log::kv("error", describe(st))});
     return false;
   }
   json v = {{"member", member_}, {"started_ms", now_unix_ms()}, {"ttl_ms", ttl_.count()}};
   st = client_->put(key("members/", member_), v.dump(), g.id);
   if (!st.ok() || !poll()) {
     (void)client_->revoke(g.id, std::chrono::milliseconds(500));
-    log::warn("fleet: cannot join", {log::kv("fleet", name_), log::kv("error", st.to_string())});
+    log::warn("fleet: cannot join", {log::kv("fleet", name_), log::kv("error", describe(st))});
     return false;
   }
   lease_.store(g.id);
@@ -317,10 +380,24 @@ bool Fleet::poll() {
   if (!client_->range(fp, election::prefix_range_end(fp), &fences).ok()) return false;
   if (!client_->range(mp, election::prefix_range_end(mp), &members).ok()) return false;
   if (fence_) {
+    std::map<std::string, std::int64_t> committed;
     for (const KeyValue& kv : fences)
-      if (std::int64_t g = parse_gen(kv.value); g > 0) fence_->note_remote(kv.key.substr(fp.size()), g);
+      if (std::int64_t g = parse_gen(kv.value); g > 0) {
+        committed[kv.key.substr(fp.size())] = g;
+        fence_->note_remote(kv.key.substr(fp.size()), g);
+      }
     for (const KeyValue& kv : intents)
       if (std::int64_t g = parse_gen(kv.value); g > 0) fence_->note_remote(kv.key.substr(ip.size()), g);
+    // An intent acknowledged by the fast path and not committed yet (its advancer slow, or gone
+    // with its lease): the slow path takes it over, as it would have without the fast path (it
+    // waits for the commit, or completes the advance itself once the intent is gone).
+    std::map<std::string, std::int64_t> open;
+    {
+      std::lock_guard lk(mu_);
+      open.swap(acked_);
+    }
+    for (const auto& [r, x] : open)
+      if (auto it = committed.find(r); it == committed.end() || it->second < x) fence_->note_remote(r, x);
   }
   const std::int64_t now = now_unix_ms();
   std::lock_guard lk(mu_);
@@ -376,11 +453,13 @@ store::Status Fleet::run_advance(const std::string& r, std::int64_t w) {
     if (BootClock::now() > give_up) return store::Status::Error("fleet: the advance did not complete in time");
     // 1. read
     const std::uint64_t seen_events = events();
-    std::vector<KeyValue> f, i;
-    if (!client_->range(fk, "", &f).ok() || !client_->range(ik, "", &i).ok()) {
+    std::vector<std::vector<KeyValue>> got;  // fence/r, intent/r: one round trip, one revision
+    if (!client_->ranges({{fk, ""}, {ik, ""}}, &got).ok()) {
       if (!sleep_for(std::chrono::milliseconds(20))) continue;
       continue;
     }
+    const std::vector<KeyValue>& f = got[0];
+    const std::vector<KeyValue>& i = got[1];
     const std::int64_t F = f.empty() ? 0 : parse_gen(f[0].value);
     const std::int64_t fmod = f.empty() ? 0 : f[0].mod_revision;
     // 2. committed already
@@ -432,12 +511,16 @@ bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t i
   for (;;) {
     if (stopping_.load() || !member() || BootClock::now() > give_up) return false;
     const std::uint64_t seen_events = events();
-    std::vector<KeyValue> members, acks, i;
-    if (!client_->range(ik, "", &i).ok() || !client_->range(mp, election::prefix_range_end(mp), &members).ok() ||
-        !client_->range(ap, election::prefix_range_end(ap), &acks).ok()) {
+    // intent/r, members/, acks/r/x/: one round trip, one revision.
+    std::vector<std::vector<KeyValue>> got;
+    if (!client_->ranges({{ik, ""}, {mp, election::prefix_range_end(mp)}, {ap, election::prefix_range_end(ap)}}, &got)
+             .ok()) {
       if (!sleep_for(std::chrono::milliseconds(20))) return false;
       continue;
     }
+    const std::vector<KeyValue>& i = got[0];
+    const std::vector<KeyValue>& members = got[1];
+    const std::vector<KeyValue>& acks = got[2];
     if (i.empty() || i[0].mod_revision != intent_mod) return false;  // superseded or gone
     bool all = true;
     for (const KeyValue& m : members) {
@@ -509,6 +592,9 @@ void Fleet::render_metrics(std::string& out) const {
   out += "# HELP fencegate_fleet_acks_waited_total Other members an advance had to wait for.\n";
   out += "# TYPE fencegate_fleet_acks_waited_total counter\n";
   out += "fencegate_fleet_acks_waited_total " + std::to_string(acks_waited_.load()) + "\n";
+  out += "# HELP fencegate_fleet_fast_acks_total Intents acknowledged straight from the watch (nothing to drain).\n";
+  out += "# TYPE fencegate_fleet_fast_acks_total counter\n";
+  out += "fencegate_fleet_fast_acks_total " + std::to_string(fast_acks_.load()) + "\n";
   out += "# HELP fencegate_fleet_unavailable_total Times this replica's membership lapsed.\n";
   out += "# TYPE fencegate_fleet_unavailable_total counter\n";
   out += "fencegate_fleet_unavailable_total " + std::to_string(unavailable_.load()) + "\n";

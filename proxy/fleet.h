@@ -21,6 +21,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -48,7 +49,8 @@ class Fleet {
   // The fleet thread's tick (no etcd request: it only checks whether a renewal round is due).
   static constexpr std::chrono::milliseconds kPollEvery{25};
 
-  // REQUIRES: cfg.fleet.enabled() (validated).
+  // REQUIRES: cfg.fleet.enabled() (validated). Throws std::invalid_argument naming the fleet.*
+  // field if an etcd TLS file or the password file no longer loads (issue 27).
   Fleet(const config::Config& cfg);
   ~Fleet();  // stop()
   Fleet(const Fleet&) = delete;
@@ -80,6 +82,8 @@ class Fleet {
   bool poll();
   void start_watch();  // (re)starts the watch of prefix_ from now
   void on_watch(const election::WatchBatch& b);
+  void on_intent(const std::string& r, std::int64_t x, const std::string& who);
+  void on_committed(const std::string& r, std::int64_t g, const std::string& who);
   void advance(std::string resource, std::int64_t w, std::string leader, Done done);
   store::Status run_advance(const std::string& r, std::int64_t w);
   // Waits for the acknowledgements of intent X (ours, at mod_revision I), then commits it.
@@ -110,7 +114,7 @@ class Fleet {
   std::atomic<std::int64_t> deadline_ns_{0};  // BootClock; member iff now < deadline
   std::atomic<std::int64_t> lease_{0};
   std::atomic<bool> stopping_{false};
-  std::atomic<std::uint64_t> acks_waited_{0}, unavailable_{0};
+  std::atomic<std::uint64_t> acks_waited_{0}, unavailable_{0}, fast_acks_{0};
   Histogram advance_seconds_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
 
   mutable std::mutex mu_;
@@ -121,6 +125,9 @@ class Fleet {
   };
   std::vector<MemberView> members_;  // Guarded by mu_: from the last read of members/
   int advances_running_ = 0;         // Guarded by mu_
+  // Guarded by mu_: intents acknowledged by on_intent and not yet seen committed (resource ->
+  // generation); the renewal round hands those still open to the slow path.
+  std::map<std::string, std::int64_t> acked_;
   std::uint64_t watch_events_ = 0;   // Guarded by mu_: watch batches received
   // When the last intent transaction of this replica returned (for the advance's time split).
   std::atomic<std::chrono::steady_clock::time_point> intent_done_{};

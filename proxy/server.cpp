@@ -150,7 +150,13 @@ int run_serve(std::shared_ptr<const config::Config> cfg) {
   // Fleet (docs/fleet.md): the fence's generations live in etcd, shared with the other replicas.
   std::unique_ptr<Fleet> fleet;
   if (cfg->fleet.enabled()) {
-    fleet = std::make_unique<Fleet>(*cfg);
+    try {
+      fleet = std::make_unique<Fleet>(*cfg);
+    } catch (const std::invalid_argument& e) {  // issue 27: an etcd TLS file that does not load
+      log::error("cannot start the fleet", {log::kv("error", e.what())});
+      std::fprintf(stderr, "fencegate serve: %s\n", e.what());
+      return 2;
+    }
     store = fleet->wrap(std::move(store));
   }
   auto fence = std::make_unique<Fence>(*store, cfg->drain_timeout, cfg->max_resources);

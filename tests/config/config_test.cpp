@@ -1277,7 +1277,7 @@ TEST_CASE("fleet: the JSON block, the flags, and errors that name the field") {
   CHECK(f.config->fleet.ttl.count() == 4000);
 
   auto bad = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://h:1"}],
-    "fleet": {"etcd": ["https://h:1"], "name": "a/b", "ttl_ms": 100}})");
+    "fleet": {"etcd": ["tcp://h:1"], "name": "a/b", "ttl_ms": 100}})");
   CHECK_FALSE(bad.config);
   const std::string e = joined(bad.errors);
   CHECK(e.find("fleet.etcd") != std::string::npos);

@@ -2,6 +2,7 @@
 // client_identity_header, and the errors that name the field.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -129,4 +130,83 @@ TEST_CASE("allowed_clients: needs client certificates; patterns are exact or pre
   CHECK(client_allowed({"spiffe://a/*"}, "spiffe://a/anything"));
   CHECK_FALSE(client_allowed({"spiffe://a/*"}, "spiffe://b/x"));
   CHECK_FALSE(client_allowed({"spiffe://a/*"}, ""));
+}
+
+// Issue 27 for the fleet (docs/fleet.md): https etcd endpoints, the fleet.cacert / cert / key / user /
+// password_file keys and flags, and errors that name the field.
+TEST_CASE("fleet etcd TLS: https endpoints, the keys and their flags, errors naming fleet.*") {
+  File ca("ca"), cert("cert"), key("key"), pw("secret\n", ".pw");
+  ::chmod(pw.path().c_str(), 0600);
+  const std::string base = R"({"routes": [{"prefix": "/", "upstream": "http://127.0.0.1:9000"}], "fleet": )";
+  auto ok = load_json(base + R"({"etcd": ["https://127.0.0.1:2379", "https://10.0.0.2:2379/"], "name": "pay",
+    "member": "gw-a", "cacert": ")" +
+                      ca.path() + R"(", "cert": ")" + cert.path() + R"(", "key": ")" + key.path() +
+                      R"(", "user": "fg", "password_file": ")" + pw.path() + R"("}})");
+  REQUIRE_MESSAGE(ok.config, joined(ok.errors));
+  const auto& f = ok.config->fleet;
+  CHECK(f.etcd == std::vector<std::string>{"https://127.0.0.1:2379", "https://10.0.0.2:2379"});
+  CHECK(f.cacert == ca.path());
+  CHECK(f.cert == cert.path());
+  CHECK(f.key == key.path());
+  CHECK(f.user == "fg");
+  CHECK(f.password_file == pw.path());
+
+  auto flags = load_serve({"--upstream",
+                           "http://127.0.0.1:9000",
+                           "--db",
+                           "/tmp/fencegate_tls_cfg.db",
+                           "--fleet-etcd",
+                           "https://127.0.0.1:2379",
+                           "--fleet-name",
+                           "pay",
+                           "--fleet-member",
+                           "b",
+                           "--fleet-cacert",
+                           ca.path(),
+                           "--fleet-cert",
+                           cert.path(),
+                           "--fleet-key",
+                           key.path(),
+                           "--fleet-user",
+                           "fg",
+                           "--fleet-password-file",
+                           pw.path()},
+                          no_env);
+  REQUIRE_MESSAGE(flags.config, joined(flags.errors));
+  CHECK(flags.config->fleet.cacert == ca.path());
+  CHECK(flags.config->fleet.cert == cert.path());
+  CHECK(flags.config->fleet.key == key.path());
+  CHECK(flags.config->fleet.user == "fg");
+  CHECK(flags.config->fleet.password_file == pw.path());
+  // A password is never a flag value.
+  auto pw_flag = load_serve({"--upstream", "http://127.0.0.1:9000", "--fleet-password", "secret"}, no_env);
+  CHECK_FALSE(pw_flag.config);
+
+  // TLS files with http:// endpoints; a key without its certificate; a missing file; user without a password.
+  auto http = load_json(base + R"({"etcd": ["http://127.0.0.1:2379"], "name": "p", "member": "a", "cacert": ")" +
+                        ca.path() + R"("}})");
+  INFO(joined(http.errors));
+  CHECK(has_error_starting(http, "fleet.cacert: TLS files need https:// etcd endpoints"));
+  auto half = load_json(base + R"({"etcd": ["https://127.0.0.1:2379"], "name": "p", "member": "a", "key": ")" +
+                        key.path() + R"("}})");
+  INFO(joined(half.errors));
+  CHECK(has_error_starting(half, "fleet.cert: required"));
+  auto missing = load_json(
+      base + R"({"etcd": ["https://127.0.0.1:2379"], "name": "p", "member": "a", "cacert": "/nonexistent/ca.pem"}})");
+  CHECK(has_error_starting(missing, "fleet.cacert: "));
+  auto no_pw = load_json(base + R"({"etcd": ["https://127.0.0.1:2379"], "name": "p", "member": "a", "user": "fg"}})");
+  CHECK(has_error_starting(no_pw, "fleet.password_file: required with user"));
+  auto no_user = load_json(base + R"({"etcd": ["https://127.0.0.1:2379"], "name": "p", "member": "a",
+    "password_file": ")" + pw.path() +
+                           R"("}})");
+  CHECK(has_error_starting(no_user, "fleet.user: required with password_file"));
+  auto empty = load_json(base + R"({"etcd": ["https://127.0.0.1:2379"], "name": "p", "member": "a", "cert": ""}})");
+  CHECK(has_error_starting(empty, "fleet.cert: must not be empty"));
+  // Without fleet.etcd the security keys are an error, not silently unused.
+  auto alone = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://127.0.0.1:9000"}],
+    "fleet": {"cacert": ")" +
+                         ca.path() + R"("}})");
+  CHECK(has_error_starting(alone, "fleet.etcd: required"));
+  auto scheme = load_json(base + R"({"etcd": ["ftp://127.0.0.1:2379"], "name": "p", "member": "a"}})");
+  CHECK(has_error_starting(scheme, "fleet.etcd: each endpoint must be http://host:port or https://host:port"));
 }

@@ -248,11 +248,35 @@ TEST_CASE("client: fails over to the next endpoint when the first is a closed po
 
   // Every endpoint dead: unavailable, quickly, naming them.
   ClientOptions dead = o;
-  dead.endpoints = {"http://127.0.0.1:" + std::to_string(free_port()), "http://127.0.0.1:" + std::to_string(free_port())};
+  dead.endpoints = {"http://127.0.0.1:" + std::to_string(free_port()),
+                    "http://127.0.0.1:" + std::to_string(free_port())};
   Client d(dead);
   t0 = Clock::now();
   st = d.grant(5, &g);
   CHECK(st.is_unavailable());
   CHECK(st.message().find("127.0.0.1") != std::string::npos);
   CHECK(Clock::now() - t0 < 2s);
+}
+
+// Issue 33: the fleet reads fence/, intent/, members/ and acks/ in one round trip.
+TEST_CASE("client: ranges reads several ranges in one transaction, one result per range, empty ones too") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  Client c(client_options(etcd));
+  REQUIRE(c.put("rs/a", "1").ok());
+  REQUIRE(c.put("rs/p/x", "2").ok());
+  REQUIRE(c.put("rs/p/y", "3").ok());
+  std::vector<std::vector<KeyValue>> out;
+  ResponseHeader h;
+  REQUIRE(c.ranges({{"rs/a", ""}, {"rs/p/", prefix_range_end("rs/p/")}, {"rs/none", ""}}, &out, &h).ok());
+  REQUIRE(out.size() == 3);
+  REQUIRE(out[0].size() == 1);
+  CHECK(out[0][0].value == "1");
+  REQUIRE(out[1].size() == 2);
+  CHECK(out[1][0].key == "rs/p/x");
+  CHECK(out[1][1].value == "3");
+  CHECK(out[2].empty());
+  CHECK(h.revision >= out[1][1].mod_revision);
+  CHECK(out[1][1].mod_revision > out[1][0].mod_revision);
 }

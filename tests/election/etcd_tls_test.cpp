@@ -8,6 +8,7 @@
 
 #include "election_client/etcd_client.h"
 #include "tests/election/etcd_tls_harness.h"
+#include "tests/election/fleet_harness.h"
 #include "tests/support/http_client.h"
 #include "tests/support/upstream.h"
 
@@ -23,7 +24,8 @@ struct TlsServe {
   std::uint16_t port = free_port(), admin_port = free_port();
   std::unique_ptr<Process> process;
 
-  TlsServe(const TestCerts& certs, const std::string& upstream, json admin_tls, json authority = nullptr) {
+  TlsServe(const TestCerts& certs, const std::string& upstream, const json& admin_tls,
+           const json& authority = nullptr) {
     while (admin_port == port) admin_port = free_port();
     json route = {{"prefix", "/"}, {"upstream", upstream}, {"resource", "ledger"}};
     if (!authority.is_null()) route["authority"] = authority;
@@ -297,4 +299,140 @@ TEST_CASE(
                      json{{"etcd", {"http://127.0.0.1:1"}}, {"election", "e"}, {"cacert", certs.ca()}});
   CHECK(run_fencegate({"serve", "--config", auth_http.dir->file("fencegate.json")}, &out) == 2);
   CHECK_MESSAGE(out.find("https://") != std::string::npos, out);
+}
+
+// Issue 27 for the fleet (docs/fleet.md): replicas reach their etcd over https with a client
+// certificate; without one a replica does not start, and says which setting is missing.
+TEST_CASE(
+    "fleet over etcd TLS: two replicas with client certificates admit a write and advance; a replica without "
+    "fleet.cert fails closed naming it") {
+  FG_REQUIRE_TLS_TOOLS();
+  TempDir cdir("fencegate-certs");
+  TestCerts certs{cdir.path()};
+  const std::string made = certs.make();
+  REQUIRE_MESSAGE(made.empty(), made);
+  TlsEtcd etcd(certs, /*client_cert_auth=*/true);
+  REQUIRE_MESSAGE(etcd.start(), etcd.log());
+  RecordingUpstream up;
+  const json routes =
+      json::array({{{"prefix", "/"}, {"upstream", up.url()}, {"resource", "ledger"}, {"mode", "enforce"}}});
+  auto fleet_of = [&](const std::string& member, bool with_cert) {
+    json f = {
+        {"etcd", {etcd.url()}}, {"name", "tls"}, {"member", member}, {"ttl_ms", kFleetTtlMs}, {"cacert", certs.ca()}};
+    if (with_cert) {
+      f["cert"] = certs.client_cert();
+      f["key"] = certs.client_key();
+    }
+    return json{{"fleet", f}};
+  };
+  Replica a({etcd.url()}, "tls", "a", routes, fleet_of("a", true));
+  Replica b({etcd.url()}, "tls", "b", routes, fleet_of("b", true));
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE_MESSAGE(b.start(), b.log());
+  INFO(a.log());
+  INFO(b.log());
+
+  auto r = a.write(1);
+  CHECK_MESSAGE(r.code() == 200, describe(r));
+  r = b.write(2);  // an advance: intent, a's acknowledgement, commit, all over TLS
+  CHECK_MESSAGE(r.code() == 200, describe(r));
+  CHECK(a.write(1).code() == 409);
+  CHECK(a.write(2).code() == 200);
+  election::ClientOptions co;
+  co.endpoints = {etcd.url()};
+  co.security.cacert = certs.ca();
+  co.security.cert = certs.client_cert();
+  co.security.key = certs.client_key();
+  election::Client c(co);
+  std::vector<election::KeyValue> kvs;
+  REQUIRE(c.range("fencegate/fleet/tls/fence/ledger", "", &kvs).ok());
+  REQUIRE(kvs.size() == 1);
+  CHECK(kvs[0].value.substr(0, 20) == "00000000000000000002");
+  CHECK(a.admin("/readyz").code() == 200);
+
+  // Without the client certificate etcd refuses the handshake: the replica cannot read the fence,
+  // so it does not start (exit 1, as with an unreachable etcd), and its error names fleet.cert.
+  Replica bare({etcd.url()}, "tls", "c", routes, fleet_of("c", false));
+  std::string out;
+  CHECK(run_fencegate({"serve", "--config", bare.config_path()}, &out) == 1);
+  CHECK_MESSAGE(out.find("fleet.cert") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("client certificate") != std::string::npos, out);
+  // TLS files for http:// endpoints, or a CA file that is not there: exit 2 naming the field.
+  json http_fleet = fleet_of("d", true);
+  http_fleet["fleet"]["etcd"] = {"http://127.0.0.1:1"};
+  Replica http({"http://127.0.0.1:1"}, "tls", "d", routes, http_fleet);
+  CHECK(run_fencegate({"serve", "--config", http.config_path()}, &out) == 2);
+  CHECK_MESSAGE(out.find("fleet.cacert") != std::string::npos, out);
+  json gone = fleet_of("e", true);
+  gone["fleet"]["cacert"] = cdir.file("nope.pem");
+  Replica missing({etcd.url()}, "tls", "e", routes, gone);
+  CHECK(run_fencegate({"serve", "--config", missing.config_path()}, &out) == 2);
+  CHECK_MESSAGE(out.find("fleet.cacert") != std::string::npos, out);
+  std::vector<std::int64_t> seen;
+  for (const auto& q : up.requests()) seen.push_back(q.fencing_token().value_or(-1));
+  CHECK(seen == std::vector<std::int64_t>{1, 2, 2});  // the stale write never reached the upstream
+  // b acknowledges a's intents straight from its watch (over TLS) when it has nothing in flight:
+  // a's advances count there (the first intent may have come before b's watch was up).
+  std::int64_t g = 2;
+  CHECK(
+      eventually([&] { return a.write(++g).code() == 200 && b.metric("fencegate_fleet_fast_acks_total") >= 1; }, 10s));
+}
+
+// Issue 27 for the fleet: etcd users (fleet.user, fleet.password_file or FENCEGATE_ETCD_PASSWORD).
+TEST_CASE("fleet over etcd TLS with users: replicas log in and advance; a wrong password fails closed naming it") {
+  FG_REQUIRE_TLS_TOOLS();
+  if (run_shell("command -v etcdctl") != 0) {
+    MESSAGE("SKIPPED: etcdctl is not installed (etcd-client)");
+    return;
+  }
+  TempDir cdir("fencegate-certs");
+  TestCerts certs{cdir.path()};
+  const std::string made = certs.make();
+  REQUIRE_MESSAGE(made.empty(), made);
+  TlsEtcd etcd(certs, /*client_cert_auth=*/false);
+  REQUIRE_MESSAGE(etcd.start(), etcd.log());
+  for (const char* cmd : {"user add root:rootpw", "user add fg:fgpw", "user grant-role fg root", "auth enable"})
+    REQUIRE_MESSAGE(etcd.etcdctl(cmd).empty(), etcd.etcdctl(cmd));
+  TempDir dir("fencegate-fleet-auth");
+  write_file(dir.file("pw"), "fgpw\n");
+  write_file(dir.file("bad"), "nope\n");
+  ::chmod(dir.file("pw").c_str(), 0600);
+  ::chmod(dir.file("bad").c_str(), 0600);
+  RecordingUpstream up;
+  const json routes =
+      json::array({{{"prefix", "/"}, {"upstream", up.url()}, {"resource", "ledger"}, {"mode", "enforce"}}});
+  auto fleet_of = [&](const std::string& member, const std::string& pw) {
+    return json{{"fleet",
+                 {{"etcd", {etcd.url()}},
+                  {"name", "auth"},
+                  {"member", member},
+                  {"ttl_ms", kFleetTtlMs},
+                  {"cacert", certs.ca()},
+                  {"user", "fg"},
+                  {"password_file", pw}}}};
+  };
+  Replica a({etcd.url()}, "auth", "a", routes, fleet_of("a", dir.file("pw")));
+  Replica b({etcd.url()}, "auth", "b", routes, fleet_of("b", dir.file("pw")));
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE_MESSAGE(b.start(), b.log());
+  INFO(a.log());
+  INFO(b.log());
+  auto r = a.write(1);
+  CHECK_MESSAGE(r.code() == 200, describe(r));
+  r = b.write(2);
+  CHECK_MESSAGE(r.code() == 200, describe(r));
+  CHECK(a.write(1).code() == 409);
+  CHECK(a.write(2).code() == 200);
+
+  // b acknowledges a's intents straight from its watch (over TLS) when it has nothing in flight:
+  // a's advances count there (the first intent may have come before b's watch was up).
+  std::int64_t g = 2;
+  CHECK(
+      eventually([&] { return a.write(++g).code() == 200 && b.metric("fencegate_fleet_fast_acks_total") >= 1; }, 10s));
+
+  Replica wrong({etcd.url()}, "auth", "c", routes, fleet_of("c", dir.file("bad")));
+  std::string out;
+  CHECK(run_fencegate({"serve", "--config", wrong.config_path()}, &out) == 1);
+  CHECK_MESSAGE(out.find("authentication failed") != std::string::npos, out);
+  CHECK_MESSAGE(out.find("fleet.user") != std::string::npos, out);
 }

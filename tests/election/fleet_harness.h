@@ -60,6 +60,7 @@ class Replica {
   }
   bool running() { return process_ && process_->running(); }
   std::string db() const { return dir_->file("fence.db"); }
+  std::string config_path() const { return dir_->file("fencegate.json"); }
   std::uint16_t admin_port() const { return admin_port_; }
   std::uint16_t port() const { return port_; }
   std::string log() const { return "fencegate log:\n" + read_file(dir_->file("fencegate.log"), 16 * 1024); }

@@ -103,6 +103,8 @@ TEST_CASE("fleet: a newer generation at one replica is the fence of all three, c
   CHECK(c.metric("fencegate_fleet_advance_seconds_count") == c_adv);
   CHECK(b.metric("fencegate_fleet_advance_seconds_count") == 1);
   CHECK(a.metric("fencegate_fleet_member") == 1);
+  // C had nothing in flight: it acknowledged the intents straight from its watch (issue 33).
+  CHECK(c.metric("fencegate_fleet_fast_acks_total") >= 1);
   CHECK(tokens(up) == std::vector<std::int64_t>{1, 2, 2, 2});
   check_monotonic(up);
 
@@ -353,6 +355,7 @@ TEST_CASE(
   Replica* rs[] = {&a, &b, &c};
   std::atomic<int> ok{0}, refused{0}, other{0};
   std::vector<std::thread> writers;
+  writers.reserve(3);
   for (int t = 0; t < 3; ++t) {
     writers.emplace_back([&, t] {
       std::uint32_t seed = 7919u * static_cast<std::uint32_t>(t + 1);

@@ -26,7 +26,7 @@ class HeldStore final : public fencegate::store::Store {
   }
   void advance(std::string resource, std::int64_t generation, std::string, Done done) override {
     std::lock_guard lk(mu_);
-    queue_.push_back({{std::move(resource), generation}, std::move(done)});
+    queue_.emplace_back(std::make_pair(std::move(resource), generation), std::move(done));
   }
   void append_audit(fencegate::store::AuditRow, Done done) override {
     if (done) done(Status::OK());
@@ -147,4 +147,81 @@ TEST_CASE("fence (fleet): abort_inflight aborts every in-flight enforce write on
   CHECK(f.abort_inflight() == 0);  // already aborted
   f.release(&a);
   f.release(&b);
+}
+
+// Issue 33: the fast acknowledgement's entry points.
+TEST_CASE(
+    "fence (fleet): note_intent with nothing in flight raises seen at once, no advance; with a write in flight "
+    "it is note_remote") {
+  HeldStore s;
+  Fence f(s, 10s, 100);
+  InflightNode n;
+  Decision d;
+  CHECK_FALSE(decide(f, 1, &n, &d));
+  s.complete();
+  REQUIRE(n.resource != nullptr);
+  f.release(&n);
+
+  CHECK(f.note_intent("r", 4));  // nothing in flight: the caller may acknowledge 4 now
+  CHECK(s.queue_depth() == 0);   // no advance started, nothing to drain
+  CHECK(decide(f, 1, &n, &d));   // below 4: refused from now on
+  CHECK(d.verdict == Verdict::stale);
+  CHECK(f.current("r") == 1);    // not committed yet
+  CHECK_FALSE(f.note_intent("r", 3));  // lower: no effect
+  CHECK(f.note_intent("r", 4));        // the same again (a retry): still true
+  // A write of 4 here parks and starts the slow path (it waits for the commit, or takes over).
+  InflightNode w4;
+  CHECK_FALSE(decide(f, 4, &w4, &d));
+  REQUIRE(s.queue_depth() == 1);
+  CHECK(s.front_generation() == 4);
+  CHECK_FALSE(f.note_intent("r", 5));  // an advance is under way: slow path, seen raised
+  CHECK(decide(f, 4, &n, &d));
+  CHECK(d.verdict == Verdict::stale);
+  s.complete();  // 4 committed; 5 follows
+  REQUIRE(s.queue_depth() == 1);
+  CHECK(s.front_generation() == 5);
+  s.complete();
+  CHECK(f.current("r") == 5);
+
+  // A write in flight: no fast acknowledgement; the drain runs first, then the store's advance.
+  InflightNode busy;
+  CHECK(f.decide_now("r", 5, &busy, &d));
+  REQUIRE(d.verdict == Verdict::admit);
+  CHECK_FALSE(f.note_intent("r", 6));
+  CHECK(decide(f, 5, &n, &d));
+  CHECK(d.verdict == Verdict::stale);
+  CHECK(s.queue_depth() == 0);
+  f.release(&busy);
+  REQUIRE(s.queue_depth() == 1);
+  CHECK(s.front_generation() == 6);
+  s.complete();
+  CHECK(f.current("r") == 6);
+}
+
+TEST_CASE("fence (fleet): note_committed takes a commit at once when nothing is in the way, else as note_remote") {
+  HeldStore s;
+  Fence f(s, 10s, 100);
+  Decision d;
+  CHECK(f.note_intent("r", 2));
+  CHECK(f.note_committed("r", 2));  // the commit of the acknowledged intent: stored at once
+  CHECK(s.queue_depth() == 0);
+  CHECK(f.current("r") == 2);
+  InflightNode n;
+  CHECK(f.decide_now("r", 2, &n, &d));
+  CHECK(d.verdict == Verdict::admit);
+  CHECK_FALSE(f.note_committed("r", 2));  // old news
+
+  // A write in flight: the commit of 3 drains it first (slow path), then reads it through the store.
+  CHECK_FALSE(f.note_committed("r", 3));
+  InflightNode m;
+  CHECK(decide(f, 2, &m, &d));
+  CHECK(d.verdict == Verdict::stale);
+  CHECK(s.queue_depth() == 0);
+  f.release(&n);
+  REQUIRE(s.queue_depth() == 1);
+  s.complete();
+  CHECK(f.current("r") == 3);
+  CHECK(f.note_committed("r", 5));  // straight to a higher committed generation
+  CHECK(f.current("r") == 5);
+  CHECK(f.stats().advances == 3);  // 2 and 5 taken at once, 3 through the store
 }
