@@ -230,6 +230,10 @@ task<void> pump_down(std::shared_ptr<Conn> c) {
     }
     c->disarm();
     if (failed) break;
+    if (n < kRelayBuffer) {  // it gave less than asked: drained (a wait that finds more returns at once)
+      wait_down(std::move(c));
+      co_return;
+    }
   }
   end_down(*c);
 }
