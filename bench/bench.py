@@ -1186,7 +1186,7 @@ backend be
     def idle_memory(self, name, port, pids_fn, cmd="idle", clients=1, count=None):
         """PSS with `count` (default self.idle_conns) idle connections, opened by `clients` processes of `cmd` at once
         (TLS: handshakes one after another per client, so several keep the proxy busy)."""
-        count = count or count
+        count = count or self.idle_conns
         base = pss_kb(pids_fn())
         share = [count // clients + (1 if i < count % clients else 0) for i in range(clients)]
         idles = [self.procs.start(f"idle-{name}", [self.tool, cmd, str(port), str(n), TOKEN], cpu=self.load_cpu,
