@@ -523,8 +523,9 @@ backend be
             argv = [binary or self.fg, "serve", "--listen", f"127.0.0.1:{port}", "--upstream",
                     f"http://127.0.0.1:{self.up_port}", "--mode", mode, "--db", db,
                     "--threads", str(threads), "--admin-listen", "127.0.0.1:0", "--log-level", "warn", *extra]
-            if tls:  # issue 29: TLS rows
-                argv += ["--tls-cert", self.tls_cert, "--tls-key", self.tls_key, "--tls-min-version", "1.3"]
+            if tls:  # issue 29: TLS rows; no resumption, as nginx (ssl_session_tickets off) and HAProxy (no-tls-tickets)
+                argv += ["--tls-cert", self.tls_cert, "--tls-key", self.tls_key, "--tls-min-version", "1.3",
+                         "--tls-session-resumption", "false"]
         else:
             cfg = {"listen": f"127.0.0.1:{port}", "db": db, "threads": 1,
                    "log_level": "warn", "admin": {"listen": f"127.0.0.1:{admin_port}"},

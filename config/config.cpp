@@ -489,6 +489,14 @@ const SectionField kSectionFieldRows[] = {
        return {};
      },
      [](const Config& c) { return c.tls.min_version; }, "1.2|1.3", "lowest TLS version accepted"},
+    {"tls.session_resumption", JsonKind::boolean,
+     [](Config& c, std::string_view v) -> std::string {
+       if (v != "true" && v != "false") return "must be true or false (got " + quote(v) + ")";
+       c.tls.session_resumption = v == "true";
+       return {};
+     },
+     [](const Config& c) -> std::string { return c.tls.session_resumption ? "true" : "false"; }, "true|false",
+     "session tickets (a key per start or reload) and the session cache; false: every connection a full handshake"},
     // Issue 27 (tls-ctl): TLS on the admin listener, the keys of the top-level tls.
     {"admin.tls.cert", JsonKind::string,
      [](Config& c, std::string_view v) -> std::string {

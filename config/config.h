@@ -122,6 +122,9 @@ struct Tls {
   ClientAuth client_auth = ClientAuth::none;
   std::string min_version = "1.2";  // "1.2" | "1.3"
   std::vector<TlsSni> sni;    // more certificates, chosen by the client's server name
+  // Session resumption (TLS 1.3 tickets, TLS 1.2 tickets and session IDs). Off: every connection
+  // makes a full handshake (no ticket is sent, no session is cached).
+  bool session_resumption = true;
   bool enabled() const { return !cert.empty() || !key.empty(); }
 };
 // True iff `identity` is allowed by `patterns` (exact names, or "prefix*").

@@ -420,6 +420,13 @@ void parse_section(Config& c, const std::string& section, const json& j, std::ve
         }
         text = got(v);
         break;
+      case JsonKind::boolean:
+        if (!v.is_boolean()) {
+          errors.push_back(path + ": must be true or false (got " + got(v) + ")");
+          continue;
+        }
+        text = v.get<bool>() ? "true" : "false";
+        break;
       case JsonKind::duration:
         if (v.is_string()) {
           text = v.get<std::string>();

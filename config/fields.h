@@ -78,7 +78,7 @@ std::string rows_error(std::string_view got);
 std::string set_max_rows(Config& c, std::string_view text);
 
 // What a section field accepts in JSON (flags and env always give text).
-enum class JsonKind { string, integer, duration };
+enum class JsonKind { string, integer, duration, boolean };
 
 struct SectionField {
   const char* key;  // "admin.listen": JSON "admin": {"listen": ...}, --admin-listen, FENCEGATE_ADMIN_LISTEN

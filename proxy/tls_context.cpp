@@ -60,7 +60,13 @@ SSL_CTX* make_ctx(const config::Tls& tls, const std::string& field, const std::s
   if (SSL_CTX_set_cipher_list(ctx, "ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL") != 1)
     return fail("tls: cannot set the cipher suites: " + openssl_error());
   SSL_CTX_set_session_id_context(ctx, kSessionIdContext, sizeof kSessionIdContext - 1);
-  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
+  if (tls.session_resumption) {
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
+  } else {  // no ticket sent (TLS 1.3 and 1.2), no session cached: nothing to resume
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET);
+    SSL_CTX_set_num_tickets(ctx, 0);
+  }
   SSL_CTX_set_alpn_select_cb(ctx, select_alpn, nullptr);
   if (SSL_CTX_use_certificate_chain_file(ctx, cert.c_str()) != 1)
     return fail(field + ".cert: cannot load the certificate chain " + cert + ": " + openssl_error());

@@ -68,6 +68,7 @@ TEST_CASE("tls: off by default; the JSON block and its sni list are read") {
   CHECK(c.tls.cert == cert.path());
   CHECK(c.tls.client_auth == ClientAuth::required);
   CHECK(c.tls.min_version == "1.3");
+  CHECK(c.tls.session_resumption);  // the default
   REQUIRE(c.tls.sni.size() == 1);
   CHECK(c.tls.sni[0].names == std::vector<std::string>{"a.example", "*.b.example"});
   CHECK(c.tls.sni[0].key == k2.path());
@@ -77,12 +78,25 @@ TEST_CASE("tls: off by default; the JSON block and its sni list are read") {
 
 TEST_CASE("tls: flags, and errors that name the field and the file") {
   File cert("cert"), key("key");
-  auto ok = load_serve({"--upstream", "http://127.0.0.1:9000", "--db", "/tmp/fencegate_tls_cfg.db", "--tls-cert",
-                        cert.path(), "--tls-key", key.path(), "--tls-min-version", "1.3"},
-                       no_env);
+  auto ok =
+      load_serve({"--upstream", "http://127.0.0.1:9000", "--db", "/tmp/fencegate_tls_cfg.db", "--tls-cert", cert.path(),
+                  "--tls-key", key.path(), "--tls-min-version", "1.3", "--tls-session-resumption", "false"},
+                 no_env);
   INFO(joined(ok.errors));
   REQUIRE(ok.config);
   CHECK(ok.config->tls.min_version == "1.3");
+  CHECK_FALSE(ok.config->tls.session_resumption);
+  auto off = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://127.0.0.1:9000"}],
+                           "tls": {"cert": ")" +
+                       cert.path() + R"(", "key": ")" + key.path() + R"(", "session_resumption": false}})");
+  INFO(joined(off.errors));
+  REQUIRE(off.config);
+  CHECK_FALSE(off.config->tls.session_resumption);
+  auto flag_word = load_serve({"--upstream", "http://127.0.0.1:9000", "--db", "/tmp/fencegate_tls_cfg.db", "--tls-cert",
+                               cert.path(), "--tls-key", key.path(), "--tls-session-resumption", "no"},
+                              no_env);
+  INFO(joined(flag_word.errors));
+  CHECK(has_error_starting(flag_word, "--tls-session-resumption: must be true or false (got \"no\")"));
 
   auto missing = load_serve({"--upstream", "http://127.0.0.1:9000", "--db", "/tmp/fencegate_tls_cfg.db", "--tls-cert",
                              "/nonexistent/server.crt", "--tls-key", key.path()},
@@ -99,11 +113,13 @@ TEST_CASE("tls: flags, and errors that name the field and the file") {
   auto bad = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://127.0.0.1:9000"}],
                            "tls": {"cert": ")" +
                        cert.path() + R"(", "key": ")" + key.path() +
-                       R"(", "client_auth": "sometimes", "min_version": "1.1", "sni": [{"cert": "/x"}]}})");
+                       R"(", "client_auth": "sometimes", "min_version": "1.1", "sni": [{"cert": "/x"}],
+                             "session_resumption": "no"}})");
   INFO(joined(bad.errors));
   CHECK(has_error_starting(bad, "tls.client_auth: must be one of none, optional, required"));
   CHECK(has_error_starting(bad, "tls.min_version: must be \"1.2\" or \"1.3\""));
   CHECK(has_error_starting(bad, "tls.sni[0].names: must list at least one"));
+  CHECK(has_error_starting(bad, "tls.session_resumption: must be true or false (got \"no\")"));
 
   auto no_ca = load_json(R"({"routes": [{"prefix": "/", "upstream": "http://127.0.0.1:9000"}],
                              "tls": {"cert": ")" +

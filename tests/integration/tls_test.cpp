@@ -298,6 +298,46 @@ TEST_SUITE("tls") {
                  {{"resource", "ledger"}, {"decision", "rejected_client_not_allowed"}}) == 2);
   }
 
+  TEST_CASE("tls: a client resumes its session with the ticket it got; with session_resumption false it cannot") {
+    const Certs& c = certs();
+    RecordingUpstream up;
+    TempDir dir("fencegate-tls-resume");
+    for (const bool on : {true, false}) {
+      CAPTURE(on);
+      ProxySpec spec;
+      spec.config = config_with_routes({route("/", up.url(), "ledger")});
+      json t = tls_block("none", "1.3");
+      if (!on) t["session_resumption"] = false;
+      (*spec.config)["tls"] = t;
+      Proxy px(spec);
+      FG_LOG_ON_FAILURE(px);
+      FG_START(px);
+      // openssl s_client, one GET each, kept open a second for the server's tickets (OpenSSL sends
+      // them with its first write after the handshake); the first saves its session, the second
+      // offers it.
+      const std::string sess = dir.file(on ? "on.sess" : "off.sess");
+      auto connect = [&](const std::string& sess_flag) {
+        return run_command({"/bin/sh", "-c",
+                            "(printf 'GET /x HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\n\\r\\n'; sleep 1) | " +
+                                tool("openssl") + " s_client -connect 127.0.0.1:" + std::to_string(px.port()) +
+                                " -tls1_3 -CAfile " + c.f("ca.crt") +
+                                (sess_flag.empty() ? "" : " " + sess_flag + " " + sess) + " 2>&1"},
+                           20s);
+      };
+      CommandResult first = connect("-sess_out");
+      INFO(first.out);
+      CHECK(first.out.find("HTTP/1.1 200") != std::string::npos);
+      CHECK(first.out.find("New, TLSv1.3") != std::string::npos);
+      CHECK((first.out.find("New Session Ticket arrived") != std::string::npos) == on);
+      // (With nothing resumable s_client may save no session at all: then it offers none.)
+      CommandResult second = connect(std::filesystem::exists(sess) ? "-sess_in" : "");
+      INFO(second.out);
+      CHECK(second.out.find("HTTP/1.1 200") != std::string::npos);
+      CHECK((second.out.find("Reused, TLSv1.3") != std::string::npos) == on);
+      CHECK((second.out.find("New, TLSv1.3") != std::string::npos) == !on);
+    }
+  }
+
   TEST_CASE("tls: plain HTTP sent to the TLS port gets a plaintext 400 and a close") {
     RecordingUpstream up;
     ProxySpec spec;
