@@ -671,6 +671,13 @@ bool Fence::gate_open() const {
   return gate_ == nullptr || BootClock::now_ns() < gate_->load(std::memory_order_acquire);
 }
 
+void Fence::raise_seen(FenceResource* r, std::int64_t g, After& after) {
+  r->seen = g;
+  r->seen_leader.clear();
+  for (auto& w : r->waiting) after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
+  r->waiting.clear();
+}
+
 void Fence::note_remote(const std::string& resource, std::int64_t g) {
   FenceResource* r = find_or_create(resource);
   if (!r) return;  // over max_resources: its writes are refused (overloaded) anyway
@@ -678,13 +685,7 @@ void Fence::note_remote(const std::string& resource, std::int64_t g) {
   {
     std::lock_guard lk(r->mu);
     if (g < r->seen || g <= r->stored) return;
-    if (g > r->seen) {
-      r->seen = g;
-      r->seen_leader.clear();
-      for (auto& w : r->waiting)
-        after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
-      r->waiting.clear();
-    }
+    if (g > r->seen) raise_seen(r, g, after);
     // Also when g == seen: an advance to it that failed (e.g. while not a member) is tried again,
     // so the intent still waiting for this replica's acknowledgement gets it.
     if (!r->advancing) start_advance(r, after);
@@ -701,13 +702,7 @@ bool Fence::note_intent(const std::string& resource, std::int64_t g) {
     std::lock_guard lk(r->mu);
     if (g < r->seen || g <= r->stored) return false;
     clear = !r->advancing && !r->committing && r->waiting.empty() && drained(r);
-    if (g > r->seen) {
-      r->seen = g;
-      r->seen_leader.clear();
-      for (auto& w : r->waiting)
-        after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
-      r->waiting.clear();
-    }
+    if (g > r->seen) raise_seen(r, g, after);
     // Nothing in the way: seen alone makes the acknowledgement true (docs/fleet.md, guarantee 3).
     if (!clear && !r->advancing) start_advance(r, after);
   }
@@ -733,13 +728,7 @@ bool Fence::note_committed(const std::string& resource, std::int64_t g) {
       return true;
     }
     if (g < r->seen) return false;  // an advance to a higher one is under way: it reads this too
-    if (g > r->seen) {
-      r->seen = g;
-      r->seen_leader.clear();
-      for (auto& w : r->waiting)
-        after.calls.emplace_back(std::move(w.done), Decision{Verdict::stale, r->stored, g, false});
-      r->waiting.clear();
-    }
+    if (g > r->seen) raise_seen(r, g, after);
     if (!r->advancing) start_advance(r, after);
   }
   run(after);

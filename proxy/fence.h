@@ -255,6 +255,9 @@ class Fence {
   FenceResource* find_existing(const std::string& resource);   // nullptr iff not held
   struct After;  // work to run once a resource's lock is released
   void start_advance(FenceResource* r, After& after);
+  // Fleet: raises r's seen to g (> seen) for a generation seen elsewhere, forgetting its leader;
+  // writes waiting for the fence are refused as stale. r->mu held.
+  void raise_seen(FenceResource* r, std::int64_t g, After& after);
   void proceed(FenceResource* r, After& after);
   void begin_commit(FenceResource* r, After& after);
   void run(After& after);
