@@ -1,5 +1,6 @@
 #include "election_client/etcd_client.h"
 
+#include <cstdlib>
 #include <stdexcept>
 
 #include "common/file_checks.h"
@@ -116,6 +117,18 @@ std::string check_etcd_security(const EtcdSecurity& s, const std::vector<std::st
   std::string why;
   if (!make_tls_client(f, &why)) return prefix + why;
   return {};
+}
+
+std::string complete_etcd_security(EtcdSecurity* s, const std::string& password_file,
+                                   const std::vector<std::string>& endpoints, const std::string& prefix) {
+  if (!s->user.empty()) {
+    if (!password_file.empty()) {
+      if (auto e = read_etcd_password(password_file, &s->password); !e.empty()) return prefix + "password_file: " + e;
+    } else if (const char* env = std::getenv("FENCEGATE_ETCD_PASSWORD")) {
+      s->password = env;
+    }
+  }
+  return check_etcd_security(*s, endpoints, prefix);
 }
 
 std::string read_etcd_password(const std::string& path, std::string* out) {

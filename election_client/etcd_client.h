@@ -45,6 +45,11 @@ std::string check_etcd_security(const EtcdSecurity& s, const std::vector<std::st
                                 const std::string& prefix);
 // Reads an etcd password file: owner-only mode, one line, trimmed. "" or why (never the contents).
 std::string read_etcd_password(const std::string& path, std::string* out);
+// A config section's etcd settings (`prefix`: "authority.", "fleet."): with a user, s->password
+// from `password_file`, else from FENCEGATE_ETCD_PASSWORD; then check_etcd_security. "" or why,
+// naming the field.
+std::string complete_etcd_security(EtcdSecurity* s, const std::string& password_file,
+                                   const std::vector<std::string>& endpoints, const std::string& prefix);
 
 struct ClientOptions {
   std::vector<std::string> endpoints;                 // "http://host:port" or "https://host:port", at least one

@@ -159,16 +159,8 @@ Authority::Authority(config::Authority cfg, OnNewLeader on_new_leader)
   client_options_.connect_timeout = kConnectTimeout;
   // Issue 27 (tls-ctl): etcd over https and etcd users (files checked by the config's validation).
   client_options_.security = election::EtcdSecurity{cfg_.cacert, cfg_.cert, cfg_.key, cfg_.user, {}};
-  if (!cfg_.user.empty()) {
-    std::string& pw = client_options_.security.password;
-    if (!cfg_.password_file.empty()) {
-      if (auto e = election::read_etcd_password(cfg_.password_file, &pw); !e.empty())
-        throw std::invalid_argument("authority.password_file: " + e);
-    } else if (const char* env = std::getenv("FENCEGATE_ETCD_PASSWORD")) {
-      pw = env;
-    }
-  }
-  if (auto e = election::check_etcd_security(client_options_.security, cfg_.etcd, "authority."); !e.empty())
+  if (auto e = election::complete_etcd_security(&client_options_.security, cfg_.password_file, cfg_.etcd, "authority.");
+      !e.empty())
     throw std::invalid_argument(e);
   if (!cfg_.coordinator.empty()) {
     // issue 31: a ZooKeeper or Redis election, observed through the election client's backend.

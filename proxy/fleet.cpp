@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <stdexcept>
 #include <nlohmann/json.hpp>
@@ -50,15 +49,8 @@ std::chrono::milliseconds margin_of(std::chrono::milliseconds ttl) {
 // config's validation; one that no longer loads throws std::invalid_argument naming the field).
 election::EtcdSecurity security_of(const config::Config::Fleet& f) {
   election::EtcdSecurity s{f.cacert, f.cert, f.key, f.user, {}};
-  if (!f.user.empty()) {
-    if (!f.password_file.empty()) {
-      if (auto e = election::read_etcd_password(f.password_file, &s.password); !e.empty())
-        throw std::invalid_argument("fleet.password_file: " + e);
-    } else if (const char* env = std::getenv("FENCEGATE_ETCD_PASSWORD")) {
-      s.password = env;
-    }
-  }
-  if (auto e = election::check_etcd_security(s, f.etcd, "fleet."); !e.empty()) throw std::invalid_argument(e);
+  if (auto e = election::complete_etcd_security(&s, f.password_file, f.etcd, "fleet."); !e.empty())
+    throw std::invalid_argument(e);
   return s;
 }
 

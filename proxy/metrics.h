@@ -97,17 +97,19 @@ class Metrics {
       "timeout",  "plaintext_http", "no_client_certificate", "unknown_ca", "certificate_expired", "certificate_invalid",
       "protocol", "other"};
   std::array<std::atomic<std::uint64_t>, kTlsFailureReasons.size()> tls_handshake_failures{};
-  void count_tls_failure(std::string_view reason) {
-    std::size_t i = 0;
-    while (i + 1 < kTlsFailureReasons.size() && kTlsFailureReasons[i] != reason) ++i;
-    tls_handshake_failures[i].fetch_add(1, std::memory_order_relaxed);
-  }
   // The admin listener's own (admin.tls), by the same reasons.
   std::array<std::atomic<std::uint64_t>, kTlsFailureReasons.size()> admin_tls_handshake_failures{};
-  void count_admin_tls_failure(std::string_view reason) {
+  // The index of `reason` in kTlsFailureReasons ("other" for one not listed).
+  static std::size_t tls_failure_index(std::string_view reason) {
     std::size_t i = 0;
     while (i + 1 < kTlsFailureReasons.size() && kTlsFailureReasons[i] != reason) ++i;
-    admin_tls_handshake_failures[i].fetch_add(1, std::memory_order_relaxed);
+    return i;
+  }
+  void count_tls_failure(std::string_view reason) {
+    tls_handshake_failures[tls_failure_index(reason)].fetch_add(1, std::memory_order_relaxed);
+  }
+  void count_admin_tls_failure(std::string_view reason) {
+    admin_tls_handshake_failures[tls_failure_index(reason)].fetch_add(1, std::memory_order_relaxed);
   }
 
   // TLS to the upstream (issue 27): failed upstream handshakes, by reason class
