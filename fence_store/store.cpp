@@ -65,6 +65,15 @@ constexpr std::chrono::milliseconds kPruneMinGap{200};
 // with the I/O threads it would otherwise take half of that core for minutes. Rows over max_rows
 // are deleted without a rest (that bound is what caps the disk). Writes still go first.
 constexpr int kPruneBacklogRest = 3;
+// Issue 30: group commit under load. When a batch ends with writes already queued behind it, the
+// store is what the writers wait for; the next batch then waits, at most kGatherMax, for the
+// writers expected soon (the most seen waiting or in flight lately, less those now in flight
+// upstream), so that one fsync serves more of them. Idle or lightly loaded: no wait at all.
+constexpr std::chrono::microseconds kGatherMax{1000};
+constexpr std::size_t kGatherItems = 256;
+// Issue 30: what nobody waits for (a key's outcome or release without a completion) rides the
+// next commit, or is committed within kLazyWithin: it does not cost a commit of its own.
+constexpr std::chrono::milliseconds kLazyWithin{5};
 
 std::int64_t now_ms() {
   using namespace std::chrono;
@@ -312,8 +321,15 @@ class OwnedStore final : public TestableStore {
     {
       std::lock_guard lk(mu_);
       if (!stopping_) {
+        const bool ends_key = it.kind == Item::kKeySettle || it.kind == Item::kKeyRelease;
+        const bool lazy = ends_key && !it.done;
+        if (ends_key && unsettled_ > 0) --unsettled_;
+        eager_ += !lazy;
         queue_.push_back(std::move(it));
         pending_.fetch_add(1, std::memory_order_relaxed);
+        // Nobody to wake for a lazy item (unless it is the first: then the idle store thread
+        // starts its kLazyWithin), or for one a gathering store thread does not want yet.
+        if (lazy ? queue_.size() > 1 || gather_wanted_ > 0 : gather_wanted_ > 0 && eager_ < gather_wanted_) return;
         queued = true;
       }
     }
@@ -344,15 +360,18 @@ class OwnedStore final : public TestableStore {
     for (;;) {
       {
         std::unique_lock lk(mu_);
-        auto wake = [&] { return stopping_ || !queue_.empty() || retention_changed_; };
-        if (!prune_more && !keys_more && !wake()) {
+        auto wake = [&] { return stopping_ || eager_ > 0 || retention_changed_; };
+        auto any = [&] { return wake() || !queue_.empty(); };  // a lazy item too (kLazyWithin)
+        if (!prune_more && !keys_more && !any()) {
           if (!retry_.empty())  // rows of a failed batch: try them again soon, even if idle
-            cv_.wait_for(lk, kRetryInterval, wake);
+            cv_.wait_for(lk, kRetryInterval, any);
           else  // retention, and the health check, also run when idle
-            cv_.wait_for(lk, std::min<std::chrono::milliseconds>(kPruneIdleInterval, kHealthInterval), wake);
-        } else if (prune_more && !keys_more && retry_.empty() && !wake()) {
-          cv_.wait_until(lk, prune_rested, wake);  // issue 29: the backlog's rest
+            cv_.wait_for(lk, std::min<std::chrono::milliseconds>(kPruneIdleInterval, kHealthInterval), any);
+        } else if (prune_more && !keys_more && retry_.empty() && !any()) {
+          cv_.wait_until(lk, prune_rested, any);  // issue 29: the backlog's rest
         }
+        // Only lazy items: they ride the next write's commit, or go within kLazyWithin.
+        if (!wake() && !queue_.empty()) cv_.wait_for(lk, kLazyWithin, wake);
         if (queue_.empty() && stopping_) {  // stopping and drained: rows still to retry get one last try
           if (retry_.empty() || last_try) {
             dropped_rows_.fetch_add(retry_.size(), std::memory_order_relaxed);
@@ -360,6 +379,8 @@ class OwnedStore final : public TestableStore {
           }
           last_try = true;
         }
+        if (busy_ && !stopping_ && eager_ > 0) gather(lk);
+        eager_ = 0;
         batch.swap(queue_);                        // both keep their capacity: no reallocation per batch
         if (!retry_.empty()) {
           batch.insert(batch.begin(), std::make_move_iterator(retry_.begin()), std::make_move_iterator(retry_.end()));
@@ -369,8 +390,11 @@ class OwnedStore final : public TestableStore {
         if (retention_changed_) prune_now = true;
         retention_changed_ = false;
       }
-      if (!batch.empty()) run_batch(batch);
-      else health_tick();
+      if (!batch.empty()) {
+        run_batch(batch);
+        std::lock_guard lk(mu_);
+        busy_ = eager_ > 0;
+      } else health_tick();
       // Issue 30: expired idempotency keys, one small chunk at a time, when no write waits.
       if (keys_more || Clock::now() - last_key_prune >= kPruneIdleInterval) {
         bool idle;
@@ -406,6 +430,20 @@ class OwnedStore final : public TestableStore {
           retention.max_rows > 0 && (audit_rows_ < 0 || static_cast<std::uint64_t>(audit_rows_) > retention.max_rows);
       prune_rested = over_rows ? Clock::now() : Clock::now() + (Clock::now() - now) * kPruneBacklogRest;
     }
+  }
+
+  // Issue 30: the store was the bottleneck for the last batch (busy_): wait, at most kGatherMax,
+  // until as many writes are queued as are expected (the most seen lately, waiting or in flight
+  // upstream, less those in flight now: they come back later than one commit). A miscount only
+  // shortens or lengthens this bounded wait; it never holds a write longer than kGatherMax.
+  void gather(std::unique_lock<std::mutex>& lk) {
+    const std::size_t seen = eager_ + unsettled_;
+    expected_ = std::max(expected_ > 0 ? expected_ - 1 : 0, seen);
+    const std::size_t want = std::min(kGatherItems, expected_ > unsettled_ ? expected_ - unsettled_ : 0);
+    if (eager_ >= want) return;
+    gather_wanted_ = want;
+    cv_.wait_for(lk, kGatherMax, [&] { return stopping_ || eager_ >= gather_wanted_; });
+    gather_wanted_ = 0;
   }
 
   // Commits one batch, reports it to the observer, then runs its completions.
@@ -444,6 +482,21 @@ class OwnedStore final : public TestableStore {
         (*obs)(seconds, batch.size(), s);
       } catch (...) {
         // An observer must not kill the store thread either.
+      }
+    }
+    if (s.ok()) {  // issue 30: keys now in flight upstream, counted before anyone can settle them
+      std::size_t begun = 0;
+      for (const auto& it : batch) {
+        if (it.kind == Item::kKeyBegin && it.key->result.status.ok() && it.key->result.outcome == KeyBegin::started)
+          ++begun;
+        for (const auto& r : it.riders) {
+          std::lock_guard lk(r->mu);
+          begun += r->result.status.ok() && r->result.outcome == KeyBegin::started;
+        }
+      }
+      if (begun > 0) {
+        std::lock_guard lk(mu_);
+        unsettled_ += begun;
       }
     }
     std::size_t kept = 0;
@@ -731,6 +784,12 @@ class OwnedStore final : public TestableStore {
   // Guarded by mu_
   std::mutex mu_;
   std::condition_variable cv_;
+  // Issue 30: group commit under load (kGatherMax). Guarded by mu_.
+  std::size_t eager_ = 0;          // queued items that are not lazy (kLazyWithin)
+  std::size_t gather_wanted_ = 0;  // > 0: the store thread gathers until eager_ reaches it
+  bool busy_ = false;              // the last batch ended with eager items queued behind it
+  std::size_t expected_ = 0;       // the most writers seen waiting or in flight lately (decays)
+  std::size_t unsettled_ = 0;      // keys begun and not yet settled or released: in flight upstream
   std::vector<Item> queue_;
   bool stopping_ = false;
   std::int64_t max_age_ms_ = 0;  // retention; 0 = no limit

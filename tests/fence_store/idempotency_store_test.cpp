@@ -3,9 +3,11 @@
 // in-flight keys becoming unknown at the next start.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <thread>
+#include <vector>
 
 #include "fence_store/store.h"
 #include "tests/support/store_fixture.h"
@@ -303,4 +305,78 @@ TEST_CASE("idempotency store: the bytes kept for replay per resource") {
   REQUIRE(release(*s, "r", "k").ok());
   CHECK(bytes_of(*s, "r") == 0);
   CHECK(s->key_bytes().empty());
+}
+
+// Issue 30: a key's outcome (or release) that nobody waits for costs no commit of its own: it rides
+// the next write's commit, or is committed on its own within a few milliseconds (not at the store's
+// idle tick, a second later), and it is never committed after a write queued behind it.
+TEST_CASE("idempotency store: an outcome nobody waits for rides the next commit, or goes soon") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  REQUIRE(begin(*s, rec("r", "a")).outcome == KeyBegin::started);
+  REQUIRE(begin(*s, rec("r", "b")).outcome == KeyBegin::started);
+  KeyRecord done = rec("r", "a");
+  done.state = KeyState::completed;
+  done.status = 201;
+  done.body = "made";
+
+  // Alone: committed on its own, soon (the store is idle: its idle tick is a second).
+  const auto commits = s->commit_count();
+  const auto t0 = std::chrono::steady_clock::now();
+  s->key_settle(done, nullptr);
+  KeyRecord got;
+  while (std::chrono::steady_clock::now() - t0 < 2s &&
+         !(s->key_get("r", "", "a", &got, nullptr) && got.state == KeyState::completed))
+    std::this_thread::sleep_for(1ms);
+  CHECK(got.state == KeyState::completed);
+  CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
+  CHECK(s->commit_count() == commits + 1);
+
+  // Followed by a write someone waits for: durable by the time that write is.
+  done.key = "b";
+  s->key_settle(done, nullptr);
+  s->key_release("r", "", "a", nullptr);
+  REQUIRE(begin(*s, rec("r", "c")).outcome == KeyBegin::started);
+  REQUIRE(s->key_get("r", "", "b", &got, nullptr));
+  CHECK(got.state == KeyState::completed);
+  CHECK(got.status == 201);
+  CHECK_FALSE(s->key_get("r", "", "a", &got, nullptr));
+
+  // And at close: nothing queued is lost.
+  done.key = "c";
+  s->key_settle(done, nullptr);
+  s.reset();
+  auto again = must_open(t.db());
+  REQUIRE(again->key_get("r", "", "c", &got, nullptr));
+  CHECK(got.state == KeyState::completed);
+}
+
+// Issue 30: under load the store gathers writers into larger commits (at most 1 ms), but a lone
+// writer is never held back: one after another, each write is its own commit, as before.
+TEST_CASE("idempotency store: many concurrent writers share commits; a lone writer commits each write") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  auto c0 = s->commit_count();
+  for (int i = 0; i < 20; ++i) REQUIRE(begin(*s, rec("r", "solo-" + std::to_string(i))).outcome == KeyBegin::started);
+  CHECK(s->commit_count() == c0 + 20);
+
+  constexpr int kThreads = 16, kEach = 40;
+  c0 = s->commit_count();
+  std::vector<std::thread> ts;
+  std::atomic<int> started{0};
+  for (int w = 0; w < kThreads; ++w)
+    ts.emplace_back([&, w] {
+      for (int i = 0; i < kEach; ++i) {
+        KeyRecord r = rec("r", "w" + std::to_string(w) + "-" + std::to_string(i));
+        if (begin(*s, r, 100000).outcome == KeyBegin::started) started.fetch_add(1);
+        r.state = KeyState::completed;
+        r.status = 200;
+        s->key_settle(r, nullptr);  // rides a later commit
+      }
+    });
+  for (auto& th : ts) th.join();
+  CHECK(started.load() == kThreads * kEach);
+  const auto commits = s->commit_count() - c0;
+  MESSAGE("commits for ", kThreads * kEach, " keyed writes of ", kThreads, " writers: ", commits);
+  CHECK(commits < static_cast<std::uint64_t>(kThreads * kEach) / 4);
 }
