@@ -244,6 +244,8 @@ class Fence {
   // a replica resumed after SIGSTOP (its lease gone) passes on bytes of a write it admitted before
   // the stop, before its fleet thread has run to abort it. Thread-safe (a clock read).
   bool fleet_allows_send(const InflightNode& n) const { return n.resource == nullptr || n.observed || gate_open(); }
+  // True iff n's sends depend on the fleet's membership (fleet_allows_send can say no).
+  bool fleet_gated(const InflightNode& n) const { return gate_ != nullptr && n.resource != nullptr && !n.observed; }
 
   // Called (on whichever thread ends the drain) with how long each drain waited.
   // REQUIRES: set before traffic starts.

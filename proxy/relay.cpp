@@ -80,7 +80,7 @@ task<std::size_t> Session::read_promptly(UpConn& up, boost::system::error_code& 
 }
 
 template <class Buffers>
-task<bool> Session::send_soon(Socket& s, Buffers& bufs, boost::system::error_code& ec) {
+task<bool> Session::send_soon(Socket& s, Buffers& bufs, boost::system::error_code& ec, const Exchange* guard) {
   if (!cfg().io_uring || !w_.batching()) co_return send_now(s, bufs, ec);
   ec.clear();
   Worker::QueuedSend q;
@@ -89,6 +89,10 @@ task<bool> Session::send_soon(Socket& s, Buffers& bufs, boost::system::error_cod
   if (n > q.iov.size()) co_return false;  // more pieces than one call takes: all through Asio
   if (total == 0) co_return true;
   q.sock = &s;
+  if (guard) {
+    q.fence = &guard->fence;
+    q.node = &guard->node;
+  }
   q.msg.msg_iov = q.iov.data();
   q.msg.msg_iovlen = n;
   // Only plain pointers in the lambda (see read_promptly).
@@ -109,7 +113,8 @@ task<bool> Session::send_soon(Socket& s, Buffers& bufs, boost::system::error_cod
   co_return all;
 }
 // Issue 30: idempotency_path.cpp sends replays and its refusals through the batched send path too.
-template task<bool> Session::send_soon(Socket&, std::array<net::const_buffer, 1>&, boost::system::error_code&);
+template task<bool> Session::send_soon(Socket&, std::array<net::const_buffer, 1>&, boost::system::error_code&,
+                                       const Exchange*);
 
 // Sends request bytes upstream; `bufs` is advanced past what went. A send that cannot go at
 // once waits for room while watching the upstream, since a server may answer before it has read
@@ -125,10 +130,22 @@ task<bool> Session::send_request(UpConn& up, Buffers& bufs, boost::system::error
       ec = net::error::operation_aborted;
       co_return false;
     }
-    if (co_await send_soon(up.sock, bufs, ec)) co_return false;
+    if (co_await send_soon(up.sock, bufs, ec, sending_)) co_return false;
+    // Not sent: membership lapsed between the check above and the flush (issue 33).
+    if (ec == boost::system::errc::connection_aborted && sending_ && !sending_->fence.fleet_allows_send(sending_->node))
+      continue;
     // A reset after an answer leaves the answer readable; with nothing there, the send failed.
     if (ec) co_return answered_early(up) && !up.buf.empty();
+    // Issue 33: in a fleet, bytes that have to wait for room are not handed to a write that would
+    // send them whenever room comes (after a stop, say, with the membership gone): the wait is for
+    // room only, and the loop's top checks the membership again before they go.
+    const bool guarded = sending_ && sending_->fence.fleet_gated(sending_->node);
     if (up.duplex) {  // its answer is under way and it still reads: just send
+      if (guarded) {
+        co_await up.sock.async_wait(Socket::wait_write, net::redirect_error(use_task, ec));
+        if (!ec) continue;
+        co_return false;
+      }
       co_await net::async_write(up.sock, bufs, net::redirect_error(use_task, ec));
       co_return false;
     }
@@ -144,11 +161,14 @@ task<bool> Session::send_request(UpConn& up, Buffers& bufs, boost::system::error
       boost::system::error_code ignored;
       sock->cancel(ignored);  // ends the blocked write
     });
-    std::size_t n = co_await net::async_write(up.sock, bufs, net::redirect_error(use_task, ec));
+    std::size_t n = 0;
+    if (guarded) co_await up.sock.async_wait(Socket::wait_write, net::redirect_error(use_task, ec));
+    else n = co_await net::async_write(up.sock, bufs, net::redirect_error(use_task, ec));
     watch->over = true;
     if (!watch->fired) {
       boost::system::error_code ignored;
       up.sock.cancel(ignored);  // ends the wait (its handler does nothing now)
+      if (guarded && !ec) continue;  // room: sent from the top, after the membership check
       co_return ec && !timed_out_ && answered_early(up) && !up.buf.empty();
     }
     if (timed_out_) co_return false;

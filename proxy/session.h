@@ -309,8 +309,9 @@ class Session {
     }
   }
   // send_now() at the end of this reactor pass, with the pass's other sends (Worker::flush_sends).
+  // `guard` (issue 33): the fenced exchange whose fleet membership is checked again at the flush.
   template <class Buffers>
-  task<bool> send_soon(Socket& s, Buffers& bufs, boost::system::error_code& ec);
+  task<bool> send_soon(Socket& s, Buffers& bufs, boost::system::error_code& ec, const Exchange* guard = nullptr);
   template <class Buffers>
   task<bool> send_request(UpConn& up, Buffers& bufs, boost::system::error_code& ec);
   bool answered_early(UpConn& up);

@@ -106,6 +106,10 @@ void Worker::flush_sends() {
       q->result = -EBADF;
       continue;
     }
+    if (q->fence && !q->fence->fleet_allows_send(*q->node)) {  // issue 33 (docs/fleet.md)
+      q->result = -ECONNABORTED;
+      continue;
+    }
     send_ops.push_back(SendRing::Op{q->sock->native_handle(), &q->msg, 0});
     send_of.push_back(q);
   }

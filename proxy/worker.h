@@ -275,6 +275,11 @@ struct Worker {
     msghdr msg{};
     long result = 0;  // bytes sent, -errno, or SendRing::kUnknown
     Suspended::iterator waiter;
+    // Issue 33: a fenced write's bytes to its upstream in a fleet: membership is checked again
+    // right before they go (a replica stopped between queueing and this pass's flush must not send
+    // them after it lost its membership). Not sent: result -ECONNABORTED.
+    const Fence* fence = nullptr;
+    const InflightNode* node = nullptr;
   };
   std::vector<QueuedSend*> sends;  // queued in this pass
   std::vector<QueuedSend*> sending;  // being sent by flush_sends
