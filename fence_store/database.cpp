@@ -5,6 +5,7 @@
 #include "fence_store/store.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -423,5 +424,12 @@ std::string check_readable(sqlite3* db, const std::string& path) {
            "; open it once with fencegate (read-write) to create or migrate the schema";
   return {};
 }
+
+YieldingSteps::YieldingSteps(sqlite3* db, int steps) : db_(db) {
+  sqlite3_progress_handler(
+      db_, steps, [](void*) { return ::sched_yield(), 0; }, nullptr);
+}
+
+YieldingSteps::~YieldingSteps() { sqlite3_progress_handler(db_, 0, nullptr, nullptr); }
 
 }  // namespace fencegate::store::detail

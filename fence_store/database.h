@@ -48,4 +48,19 @@ std::string prepare_writer(sqlite3* db, const std::string& path);
 // the error.
 std::string check_readable(sqlite3* db, const std::string& path);
 
+// While alive, `db` offers its thread's core every `steps` SQLite VM steps (sched_yield returns at
+// once when nothing else is runnable). Issue 29: a retention chunk is tens of milliseconds of CPU;
+// on a core shared with an I/O thread the scheduler would otherwise let it run a whole slice (ms)
+// while requests wait: the data path's p99.
+class YieldingSteps {
+ public:
+  YieldingSteps(sqlite3* db, int steps);
+  ~YieldingSteps();
+  YieldingSteps(const YieldingSteps&) = delete;
+  YieldingSteps& operator=(const YieldingSteps&) = delete;
+
+ private:
+  sqlite3* db_;
+};
+
 }  // namespace fencegate::store::detail

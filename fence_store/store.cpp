@@ -12,7 +12,6 @@
 #include <sqlite3.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,7 +65,7 @@ constexpr std::chrono::milliseconds kPruneMinGap{200};
 // with the I/O threads it would otherwise take half of that core for minutes. Rows over max_rows
 // are deleted without a rest (that bound is what caps the disk). Writes still go first.
 constexpr int kPruneBacklogRest = 3;
-constexpr int kPruneYieldOps = 2000;  // SQLite VM steps between offers of the core (YieldWhilePruning)
+constexpr int kPruneYieldSteps = 2000;  // SQLite VM steps between offers of the core (YieldingSteps)
 // Issue 30: group commit under load. When a batch ends with writes already queued behind it, the
 // store is what the writers wait for; the next batch then waits, at most kGatherMax, for the
 // writers expected soon (the most seen waiting or in flight lately, less those now in flight
@@ -553,25 +552,10 @@ class OwnedStore final : public TestableStore {
     std::uint64_t max_rows = 0;
   };
 
-  // Issue 29: while a retention chunk runs, the store thread offers its core every
-  // kPruneYieldOps SQLite VM steps (sched_yield returns at once when nothing else is runnable).
-  // A chunk is tens of milliseconds of CPU; on a core shared with an I/O thread the scheduler
-  // would otherwise let it run a whole slice (ms) while requests wait: the data path's p99.
-  struct YieldWhilePruning {
-    explicit YieldWhilePruning(sqlite3* db) : db_(db) {
-      sqlite3_progress_handler(
-          db_, kPruneYieldOps, [](void*) { return ::sched_yield(), 0; }, nullptr);
-    }
-    ~YieldWhilePruning() { sqlite3_progress_handler(db_, 0, nullptr, nullptr); }
-    YieldWhilePruning(const YieldWhilePruning&) = delete;
-    YieldWhilePruning& operator=(const YieldWhilePruning&) = delete;
-    sqlite3* db_;
-  };
-
   // Deletes at most one chunk (kPruneChunkRows) of audit rows that retention no longer keeps, in
   // one autocommit statement. Returns true iff more may remain. Errors are retried next time.
   bool prune_chunk(const Retention& r) {
-    const YieldWhilePruning yielding(wdb_);
+    const YieldingSteps yielding(wdb_, kPruneYieldSteps);  // issue 29: a chunk shares the core
     if (r.max_age_ms > 0) {
       sqlite3_bind_int64(prune_age_, 1, now_ms() - r.max_age_ms);
       sqlite3_bind_int(prune_age_, 2, kPruneChunkRows);
