@@ -465,14 +465,20 @@ Status Client::delete_range(std::string_view key, std::string_view range_end, st
 
 // Fleet (issue 33): compare-and-set transactions on mod_revision.
 Status Client::txn(const std::vector<TxnCompare>& compares, const std::vector<TxnOp>& success, bool* succeeded,
-                   ResponseHeader* header) {
+                   ResponseHeader* header, std::vector<std::vector<KeyValue>>* ranges) {
   json cmp = json::array();
-  for (const TxnCompare& c : compares)
-    cmp.push_back({{"key", base64_encode(c.key)},
-                   {"target", "MOD"},
-                   {"result", "EQUAL"},
-                   {"mod_revision", str64(c.mod_revision)}});
+  for (const TxnCompare& c : compares) {
+    if (c.target == TxnCompare::Target::lease)
+      cmp.push_back(
+          {{"key", base64_encode(c.key)}, {"target", "LEASE"}, {"result", "EQUAL"}, {"lease", str64(c.lease)}});
+    else
+      cmp.push_back({{"key", base64_encode(c.key)},
+                     {"target", "MOD"},
+                     {"result", "EQUAL"},
+                     {"mod_revision", str64(c.mod_revision)}});
+  }
   json ops = json::array();
+  std::vector<std::size_t> range_at;  // the positions of the range ops
   for (const TxnOp& o : success) {
     if (o.type == TxnOp::Type::put) {
       json p = {{"key", base64_encode(o.key)}, {"value", base64_encode(o.value)}};
@@ -481,7 +487,8 @@ Status Client::txn(const std::vector<TxnCompare>& compares, const std::vector<Tx
     } else {
       json d = {{"key", base64_encode(o.key)}};
       if (!o.range_end.empty()) d["range_end"] = base64_encode(o.range_end);
-      ops.push_back({{"request_delete_range", d}});
+      if (o.type == TxnOp::Type::range) range_at.push_back(ops.size());
+      ops.push_back({{o.type == TxnOp::Type::range ? "request_range" : "request_delete_range", d}});
     }
   }
   std::string text;
@@ -491,6 +498,21 @@ Status Client::txn(const std::vector<TxnCompare>& compares, const std::vector<Tx
   if (st = parse_object(text, &j); !st.ok()) return st;
   if (header) *header = detail::header_from(j);
   *succeeded = j.contains("succeeded") && j["succeeded"].is_boolean() && j["succeeded"].get<bool>();
+  if (ranges) ranges->clear();
+  if (ranges && *succeeded && !range_at.empty()) {
+    auto rs = j.find("responses");
+    if (rs == j.end() || !rs->is_array() || rs->size() != ops.size())
+      return Status::Protocol("etcd txn answered without one response per op: " + text.substr(0, 200));
+    ranges->assign(range_at.size(), {});
+    for (std::size_t i = 0; i < range_at.size(); ++i) {
+      const json& r = (*rs)[range_at[i]];
+      auto rr = r.is_object() ? r.find("response_range") : r.end();
+      if (!r.is_object() || rr == r.end() || !rr->is_object())
+        return Status::Protocol("etcd txn answered a range without response_range: " + text.substr(0, 200));
+      if (auto kvs = rr->find("kvs"); kvs != rr->end() && kvs->is_array())
+        for (const auto& kv : *kvs) (*ranges)[i].push_back(detail::kv_from(kv));
+    }
+  }
   return Status::OK();
 }
 

@@ -96,13 +96,17 @@ struct LeaseGrant {
 };
 
 // Fleet (issue 33): a transaction's parts. A compare checks a key's mod_revision (0: the key is
-// absent); an op puts (with an optional lease) or deletes a range ("" range_end: just `key`).
+// absent), or with target `lease` the lease the key is attached to (an absent key has none, so it
+// fails any lease but 0); an op puts (with an optional lease), deletes a range ("" range_end: just
+// `key`), or reads one (at the transaction's revision, after the ops before it).
 struct TxnCompare {
   std::string key;
   std::int64_t mod_revision = 0;
+  enum class Target { mod, lease } target = Target::mod;
+  std::int64_t lease = 0;
 };
 struct TxnOp {
-  enum class Type { put, del } type = Type::put;
+  enum class Type { put, del, range } type = Type::put;
   std::string key, value, range_end;
   std::int64_t lease = 0;
 };
@@ -149,10 +153,11 @@ class Client {
   Status put(std::string_view key, std::string_view value, std::int64_t lease = 0, ResponseHeader* header = nullptr);
   Status delete_range(std::string_view key, std::string_view range_end, std::int64_t* deleted = nullptr);
 
-  // Fleet (issue 33): if every compare holds (mod_revision equal), runs `success`, else nothing.
-  // *succeeded says which; *header (optional) carries the transaction's revision.
+  // Fleet (issue 33): if every compare holds, runs `success`, else nothing. *succeeded says which;
+  // *header (optional) carries the transaction's revision; *ranges (optional) what each range op of
+  // `success` found, in their order (empty when the compares failed).
   Status txn(const std::vector<TxnCompare>& compares, const std::vector<TxnOp>& success, bool* succeeded,
-             ResponseHeader* header = nullptr);
+             ResponseHeader* header = nullptr, std::vector<std::vector<KeyValue>>* ranges = nullptr);
 
   // The raw call: POSTs `body` to `path` (e.g. "/v3/kv/range") and returns the JSON text of a
   // 200 answer in *out, or the etcd error. `timeout` is shared among the endpoints (an attempt

@@ -164,14 +164,31 @@ void Fleet::start_watch() {
 }
 
 void Fleet::on_watch(const election::WatchBatch& b) {
+  const std::string fp = key("fence/", ""), ip = key("intent/", ""), mp = key("members/", "");
   {
-    // An advance waiting for acknowledgements (or for another's commit) reads again at once.
+    // An advance waiting for acknowledgements (or for another's commit) looks again at once.
     std::lock_guard lk(mu_);
     ++watch_events_;
+    for (AckWait* w : ack_waits_)
+      for (const auto& e : b.events) {
+        const std::string& k = e.kv.key;
+        if (e.type == election::WatchEvent::Type::put && k.size() > w->acks.size() && k.starts_with(w->acks)) {
+          w->put[k.substr(w->acks.size())] = e.kv.lease;
+        } else if (k.size() > mp.size() && k.starts_with(mp)) {
+          if (e.type == election::WatchEvent::Type::del) {
+            std::int64_t& at = w->gone[k.substr(mp.size())];
+            at = std::max(at, e.kv.mod_revision);
+          } else {
+            auto& [rev, lease] = w->relet[k.substr(mp.size())];
+            if (e.kv.mod_revision > rev) rev = e.kv.mod_revision, lease = e.kv.lease;
+          }
+        } else if (k == w->intent) {
+          w->intent_rev = std::max(w->intent_rev, e.kv.mod_revision);
+        }
+      }
   }
   cv_.notify_all();
   if (!fence_) return;
-  const std::string fp = key("fence/", ""), ip = key("intent/", ""), mp = key("members/", "");
   for (const auto& e : b.events) {
     if (e.kv.key.starts_with(mp)) members_dirty_.store(true);  // the fleet thread reads members/ again
     if (e.type != election::WatchEvent::Type::put) continue;
@@ -429,6 +446,23 @@ void Fleet::advance(std::string resource, std::int64_t w, std::string leader, Do
   }).detach();
 }
 
+struct Fleet::AckWaitScope {
+  AckWaitScope(Fleet& f, AckWait& w) : f_(f), w_(w) {
+    std::lock_guard lk(f_.mu_);
+    f_.ack_waits_.push_back(&w_);
+  }
+  ~AckWaitScope() {
+    std::lock_guard lk(f_.mu_);
+    std::erase(f_.ack_waits_, &w_);
+  }
+  AckWaitScope(const AckWaitScope&) = delete;
+  AckWaitScope& operator=(const AckWaitScope&) = delete;
+
+ private:
+  Fleet& f_;
+  AckWait& w_;
+};
+
 bool Fleet::put_ack(const std::string& r, std::int64_t x) {
   return client_->put(ack_key(r, x, member_), "", lease_.load()).ok();
 }
@@ -479,27 +513,130 @@ store::Status Fleet::run_advance(const std::string& r, std::int64_t w) {
     election::ResponseHeader h;
     const auto intent_at = std::chrono::steady_clock::now();
     const std::int64_t lease = lease_.load();
+    // The transaction also reads members/ and acks/r/w/ at its own revision I (step 5's first
+    // read, without a round trip of its own); the acknowledgements that come after it are
+    // counted from the watch, registered before the intent can be seen.
+    AckWait aw;
+    aw.acks = key("acks/", r + "/" + pad20(w) + "/");
+    aw.intent = ik;
+    const AckWaitScope registered(*this, aw);
+    const std::string mp = key("members/", "");
     std::vector<TxnOp> ops = {
         TxnOp{TxnOp::Type::put, ik, pad20(w) + " " + member_, "", lease},
         TxnOp{TxnOp::Type::put, ack_key(r, w, member_), "", "", lease},
+        TxnOp{TxnOp::Type::range, mp, "", election::prefix_range_end(mp), 0},
+        TxnOp{TxnOp::Type::range, aw.acks, "", election::prefix_range_end(aw.acks), 0},
     };
-    if (!client_->txn({{ik, imod}, {fk, fmod}}, ops, &won, &h).ok() || !won) {
+    std::vector<std::vector<KeyValue>> at_intent;
+    if (!client_->txn({{ik, imod}, {fk, fmod}}, ops, &won, &h, &at_intent).ok() || !won) {
       if (!sleep_for(std::chrono::milliseconds(5))) continue;
       continue;
     }
     acked = w;
     intent_done_ = std::chrono::steady_clock::now();
-    (void)wait_and_commit(r, w, h.revision, fmod, give_up, intent_at);
+    (void)wait_and_commit(r, w, h.revision, fmod, give_up, intent_at, &aw,
+                          at_intent.size() == 2 ? &at_intent : nullptr);
   }
+}
+
+// 5. and 6. from the intent's own read and the watch, step 5's rule with no read of its own:
+// each member the intent transaction found (created before I) without an acknowledgement on its
+// member key's lease either puts one since (seen on the watch, on the lease its member key has
+// now: the commit's compares check that it is still there) or loses its member key after I.
+// Anything else (the intent changed, a compare failed, not done within kWatchCommitWait: a watch
+// opened again after a compaction may have missed events) leaves it to the read path.
+int Fleet::commit_from_watch(const std::string& r, std::int64_t x, std::int64_t intent_mod, std::int64_t fence_mod,
+                             BootClock::time_point give_up, const AckWait& aw,
+                             const std::vector<std::vector<KeyValue>>& at_intent,
+                             std::chrono::steady_clock::time_point* acks_done, std::vector<std::string>* counted) {
+  constexpr std::chrono::milliseconds kWatchCommitWait{1000};
+  const std::string fk = key("fence/", r), ik = key("intent/", r), mp = key("members/", "");
+  std::map<std::string, std::int64_t> need;  // member -> the lease its ack must be on
+  for (const KeyValue& m : at_intent[0]) {
+    if (m.create_revision >= intent_mod || m.key.size() <= mp.size()) continue;
+    const std::string id = m.key.substr(mp.size());
+    const bool acked = std::any_of(at_intent[1].begin(), at_intent[1].end(), [&](const KeyValue& a) {
+      return a.key.size() > aw.acks.size() && a.key.substr(aw.acks.size()) == id && a.lease == m.lease;
+    });
+    need[id] = acked ? 0 : m.lease;  // 0: acknowledged at I, unless its member key is put again
+    if (!acked && id != member_) {
+      counted->push_back(id);
+      acks_waited_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  const auto until = std::chrono::steady_clock::now() + kWatchCommitWait;
+  std::vector<election::TxnCompare> cmps = {{ik, intent_mod}, {fk, fence_mod}};
+  for (;;) {
+    if (stopping_.load() || !member() || BootClock::now() > give_up) return -1;
+    std::uint64_t seen_events;
+    bool all = true;
+    {
+      std::lock_guard lk(mu_);
+      seen_events = watch_events_;
+      if (aw.intent_rev > intent_mod) return 0;  // superseded, committed or gone: the read path tells
+      std::vector<election::TxnCompare> acks;
+      for (const auto& [id, at_i] : need) {
+        if (auto g = aw.gone.find(id); g != aw.gone.end() && g->second > intent_mod) continue;  // gone
+        std::int64_t l = at_i;  // the lease its ack must be on: its member key's as of now
+        if (auto re = aw.relet.find(id); re != aw.relet.end() && re->second.first > intent_mod) l = re->second.second;
+        if (l == 0) continue;  // acknowledged at I, member key untouched since
+        if (auto p = aw.put.find(id); p == aw.put.end() || p->second != l) {
+          all = false;
+          if (l != at_i && id != member_ && std::find(counted->begin(), counted->end(), id) == counted->end()) {
+            counted->push_back(id);
+            acks_waited_.fetch_add(1, std::memory_order_relaxed);
+          }
+          break;
+        }
+        acks.push_back({ack_key(r, x, id), 0, election::TxnCompare::Target::lease, l});
+      }
+      if (all) cmps.insert(cmps.end(), acks.begin(), acks.end());
+    }
+    if (all) break;
+    if (std::chrono::steady_clock::now() >= until) return 0;
+    if (!wait_event(seen_events, std::chrono::milliseconds(50))) return -1;
+  }
+  *acks_done = std::chrono::steady_clock::now();
+  bool won = false;
+  std::vector<TxnOp> ops = {
+      TxnOp{TxnOp::Type::put, fk, pad20(x) + " " + member_, "", 0},
+      TxnOp{TxnOp::Type::del, ik, "", "", 0},
+      TxnOp{TxnOp::Type::del, aw.acks, "", election::prefix_range_end(aw.acks), 0},
+  };
+  if (!client_->txn(cmps, ops, &won).ok() || !won) return 0;  // unknown or refused: the read path tells
+  watch_commits_.fetch_add(1, std::memory_order_relaxed);
+  return 1;
+}
+
+void Fleet::record_commit(const std::string& r, std::int64_t x, std::chrono::steady_clock::time_point started,
+                          std::chrono::steady_clock::time_point acks_done) {
+  const auto now = std::chrono::steady_clock::now();
+  advance_seconds_.observe(std::chrono::duration<double>(now - started).count());
+  // How the advance's time divides (bench/bench.py's fleet part reads this line).
+  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  const auto intent_done = std::max(started, std::min(intent_done_.load(), acks_done));
+  log::info("fleet: advance committed",
+            {log::kv("resource", r), log::kv("generation", x), log::kv("intent_ms", ms(intent_done - started)),
+             log::kv("acks_ms", ms(acks_done - intent_done)), log::kv("commit_ms", ms(now - acks_done))});
 }
 
 // 5. and 6.
 bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t intent_mod, std::int64_t fence_mod,
-                            BootClock::time_point give_up, std::chrono::steady_clock::time_point started) {
+                            BootClock::time_point give_up, std::chrono::steady_clock::time_point started,
+                            const AckWait* aw, const std::vector<std::vector<KeyValue>>* at_intent) {
   const std::string fk = key("fence/", r), ik = key("intent/", r), mp = key("members/", "");
   const std::string ap = key("acks/", r + "/" + pad20(x) + "/");
   std::vector<std::string> counted;  // members this advance waited for (counted once)
   std::chrono::steady_clock::time_point acks_done{};
+  if (aw && at_intent) {
+    const int c = commit_from_watch(r, x, intent_mod, fence_mod, give_up, *aw, *at_intent, &acks_done, &counted);
+    if (c > 0) {
+      record_commit(r, x, started, acks_done);
+      return true;
+    }
+    if (c < 0) return false;
+    acks_done = {};
+  }
   for (;;) {
     if (stopping_.load() || !member() || BootClock::now() > give_up) return false;
     const std::uint64_t seen_events = events();
@@ -546,14 +683,8 @@ bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t i
       continue;  // unknown outcome: the next read tells
     }
     if (won) {
-      const auto now = std::chrono::steady_clock::now();
-      advance_seconds_.observe(std::chrono::duration<double>(now - started).count());
-      // How the advance's time divides (bench/bench.py's fleet part reads this line).
-      auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
-      const auto intent_done = std::max(started, std::min(intent_done_.load(), acks_done));
-      log::info("fleet: advance committed",
-                {log::kv("resource", r), log::kv("generation", x), log::kv("intent_ms", ms(intent_done - started)),
-                 log::kv("acks_ms", ms(acks_done - intent_done)), log::kv("commit_ms", ms(now - acks_done))});
+      read_commits_.fetch_add(1, std::memory_order_relaxed);
+      record_commit(r, x, started, acks_done);
     }
     return won;
   }
@@ -587,6 +718,12 @@ void Fleet::render_metrics(std::string& out) const {
   out += "# HELP fencegate_fleet_fast_acks_total Intents acknowledged straight from the watch (nothing to drain).\n";
   out += "# TYPE fencegate_fleet_fast_acks_total counter\n";
   out += "fencegate_fleet_fast_acks_total " + std::to_string(fast_acks_.load()) + "\n";
+  out +=
+      "# HELP fencegate_fleet_commits_total Advances this replica committed, by how it knew every member had "
+      "acknowledged: from its intent's own read and the watch, or from reads.\n";
+  out += "# TYPE fencegate_fleet_commits_total counter\n";
+  out += "fencegate_fleet_commits_total{path=\"watch\"} " + std::to_string(watch_commits_.load()) + "\n";
+  out += "fencegate_fleet_commits_total{path=\"read\"} " + std::to_string(read_commits_.load()) + "\n";
   out += "# HELP fencegate_fleet_unavailable_total Times this replica's membership lapsed.\n";
   out += "# TYPE fencegate_fleet_unavailable_total counter\n";
   out += "fencegate_fleet_unavailable_total " + std::to_string(unavailable_.load()) + "\n";

@@ -88,8 +88,31 @@ class Fleet {
   store::Status run_advance(const std::string& r, std::int64_t w);
   // Waits for the acknowledgements of intent X (ours, at mod_revision I), then commits it.
   // True iff committed.
+  // An advance's acknowledgements as the watch delivers them (docs/fleet.md, step 5), registered
+  // before its intent transaction is sent so that no event of it is missed; guarded by mu_.
+  struct AckWait {
+    std::string acks, intent;                 // the keys acks/r/<x>/ (a prefix) and intent/r
+    std::map<std::string, std::int64_t> put;  // member -> the lease of its ack put seen
+    std::map<std::string, std::int64_t> gone;  // member -> the revision its member key was deleted at
+    // member -> the revision and lease of the newest put of its member key (a restarted member
+    // that joined again while its old lease lived: its acknowledgement must be on the new lease)
+    std::map<std::string, std::pair<std::int64_t, std::int64_t>> relet;
+    std::int64_t intent_rev = 0;              // the newest revision of a change of intent/r seen
+  };
+  struct AckWaitScope;  // registers an AckWait for its life
+  // `at_intent` (optional): members/ and acks/r/x/ as the intent transaction itself read them.
   bool wait_and_commit(const std::string& r, std::int64_t x, std::int64_t intent_mod, std::int64_t fence_mod,
-                       BootClock::time_point give_up, std::chrono::steady_clock::time_point started);
+                       BootClock::time_point give_up, std::chrono::steady_clock::time_point started,
+                       const AckWait* aw = nullptr,
+                       const std::vector<std::vector<election::KeyValue>>* at_intent = nullptr);
+  // The commit without a read (step 5 from the intent's own read and the watch). Returns 1
+  // committed, 0 not (the read path takes over), -1 stopping or no longer a member.
+  int commit_from_watch(const std::string& r, std::int64_t x, std::int64_t intent_mod, std::int64_t fence_mod,
+                        BootClock::time_point give_up, const AckWait& aw,
+                        const std::vector<std::vector<election::KeyValue>>& at_intent,
+                        std::chrono::steady_clock::time_point* acks_done, std::vector<std::string>* counted);
+  void record_commit(const std::string& r, std::int64_t x, std::chrono::steady_clock::time_point started,
+                     std::chrono::steady_clock::time_point acks_done);
   bool put_ack(const std::string& r, std::int64_t x);
   bool sleep_for(std::chrono::milliseconds d);  // false if stopping
   // Until a watch event after `since` (events()), or d; false if stopping.
@@ -115,6 +138,7 @@ class Fleet {
   std::atomic<std::int64_t> lease_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> acks_waited_{0}, unavailable_{0}, fast_acks_{0};
+  std::atomic<std::uint64_t> watch_commits_{0}, read_commits_{0};  // this replica's commits, by how step 5 ended
   Histogram advance_seconds_{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}};
 
   mutable std::mutex mu_;
@@ -129,6 +153,7 @@ class Fleet {
   // generation); the renewal round hands those still open to the slow path.
   std::map<std::string, std::int64_t> acked_;
   std::uint64_t watch_events_ = 0;   // Guarded by mu_: watch batches received
+  std::vector<AckWait*> ack_waits_;  // Guarded by mu_: the advances waiting for acknowledgements
   // When the last intent transaction of this replica returned (for the advance's time split).
   std::atomic<std::chrono::steady_clock::time_point> intent_done_{};
   std::thread loop_, guard_;

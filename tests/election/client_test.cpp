@@ -280,3 +280,53 @@ TEST_CASE("client: ranges reads several ranges in one transaction, one result pe
   CHECK(h.revision >= out[1][1].mod_revision);
   CHECK(out[1][1].mod_revision > out[1][0].mod_revision);
 }
+
+// Issue 33: the fleet's intent transaction reads members/ and acks/ at its own revision, and its
+// commit checks an acknowledgement's lease (an absent key has none).
+TEST_CASE("client: txn reads ranges after its puts and compares a key's lease") {
+  FG_REQUIRE_ETCD();
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  Client c(client_options(etcd));
+  LeaseGrant g, other;
+  REQUIRE(c.grant(30, &g).ok());
+  REQUIRE(c.grant(30, &other).ok());
+  REQUIRE(c.put("tx/m/a", "member a", g.id).ok());
+  bool ok = false;
+  ResponseHeader h;
+  std::vector<std::vector<KeyValue>> got;
+  const std::vector<TxnOp> ops = {
+      TxnOp{TxnOp::Type::put, "tx/ack/a", "", "", g.id},
+      TxnOp{TxnOp::Type::range, "tx/m/", "", prefix_range_end("tx/m/"), 0},
+      TxnOp{TxnOp::Type::range, "tx/ack/", "", prefix_range_end("tx/ack/"), 0},
+  };
+  REQUIRE(c.txn({{"tx/none", 0}}, ops, &ok, &h, &got).ok());
+  REQUIRE(ok);
+  REQUIRE(got.size() == 2);
+  REQUIRE(got[0].size() == 1);
+  CHECK(got[0][0].lease == g.id);
+  CHECK(got[0][0].create_revision < h.revision);
+  REQUIRE(got[1].size() == 1);  // the put before the range, in the same transaction
+  CHECK(got[1][0].key == "tx/ack/a");
+  CHECK(got[1][0].mod_revision == h.revision);
+
+  // A failed compare: nothing done, nothing read.
+  REQUIRE(c.txn({{"tx/none", 1}}, ops, &ok, nullptr, &got).ok());
+  CHECK_FALSE(ok);
+  CHECK(got.empty());
+
+  const auto lease_is = [](std::string k, std::int64_t l) {
+    return TxnCompare{std::move(k), 0, TxnCompare::Target::lease, l};
+  };
+  const std::vector<TxnOp> mark = {TxnOp{TxnOp::Type::put, "tx/mark", "1", "", 0}};
+  REQUIRE(c.txn({lease_is("tx/ack/a", other.id)}, mark, &ok).ok());
+  CHECK_FALSE(ok);  // another lease
+  REQUIRE(c.txn({lease_is("tx/ack/b", g.id)}, mark, &ok).ok());
+  CHECK_FALSE(ok);  // absent: no lease
+  REQUIRE(c.txn({lease_is("tx/ack/a", g.id), {"tx/mark", 0}}, mark, &ok).ok());
+  CHECK(ok);
+  // The lease gone, its keys go with it: the compare fails again.
+  REQUIRE(c.revoke(g.id, 2s).ok());
+  REQUIRE(c.txn({lease_is("tx/ack/a", g.id)}, mark, &ok).ok());
+  CHECK_FALSE(ok);
+}

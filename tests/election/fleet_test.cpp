@@ -105,6 +105,11 @@ TEST_CASE("fleet: a newer generation at one replica is the fence of all three, c
   CHECK(a.metric("fencegate_fleet_member") == 1);
   // C had nothing in flight: it acknowledged the intents straight from its watch (issue 33).
   CHECK(c.metric("fencegate_fleet_fast_acks_total") >= 1);
+  // A and B each knew from their intent's own read and their watch that the others had
+  // acknowledged: their commits made no read of acks/ (docs/fleet.md, step 5).
+  CHECK(a.metric("fencegate_fleet_commits_total{path=\"watch\"}") == 1);
+  CHECK(b.metric("fencegate_fleet_commits_total{path=\"watch\"}") == 1);
+  CHECK(b.metric("fencegate_fleet_commits_total{path=\"read\"}") == 0);
   CHECK(tokens(up) == std::vector<std::int64_t>{1, 2, 2, 2});
   check_monotonic(up);
 
