@@ -1408,6 +1408,7 @@ backend be
             c.close()
         txn = self.etcd_txn_times(cport, n)
         split = {"intent_ms": [], "acks_ms": [], "commit_ms": []}
+        step1 = {}  # how each committing replica knew fence/ and intent/ before its intent
         for i in range(3):
             with open(os.path.join(self.tmp, f"fleet-r{i}.log"), errors="replace") as f:
                 for line in f:
@@ -1415,11 +1416,12 @@ backend be
                         j = json.loads(line)
                         for k in split:
                             split[k].append(float(j[k]))
+                        step1[j.get("step1", "read")] = step1.get(j.get("step1", "read"), 0) + 1
         self.res["fleet"] = {
             "throughput": thr, "rounds": rounds, "n": n,
             "advance_p50_ms": pct(adv, 0.5) * 1000, "advance_p99_ms": pct(adv, 0.99) * 1000,
             "txn_p50_ms": pct(txn, 0.5) * 1000, "txn_p99_ms": pct(txn, 0.99) * 1000,
-            "split": {k: (pct(v, 0.5), pct(v, 0.99), len(v)) for k, v in split.items() if v},
+            "split": {k: (pct(v, 0.5), pct(v, 0.99), len(v)) for k, v in split.items() if v}, "step1": step1,
         }
         for r in reps:
             self.procs.stop(r[1])
@@ -1446,6 +1448,11 @@ backend be
             for k, (p50, p99, n) in f["split"].items():
                 L.append(f"| {k[:-3]} | {p50:.2f} | {p99:.2f} | {n} |")
             L.append("")
+        if f.get("step1"):
+            L.append("Step 1 (fence/ and intent/ before the intent): " +
+                     ", ".join(f"{k} {v}" for k, v in sorted(f["step1"].items())) +
+                     " (watch: from the last commit the watch delivered; stale: that failed the intent's "
+                     "compares, then a read; read: a read).\n")
 
     def run(self):
         try:

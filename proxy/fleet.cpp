@@ -169,13 +169,21 @@ void Fleet::on_watch(const election::WatchBatch& b) {
     // An advance waiting for acknowledgements (or for another's commit) looks again at once.
     std::lock_guard lk(mu_);
     ++watch_events_;
-    for (AckWait* w : ack_waits_)
-      for (const auto& e : b.events) {
-        const std::string& k = e.kv.key;
-        if (e.type == election::WatchEvent::Type::put && k.size() > w->acks.size() && k.starts_with(w->acks)) {
+    for (const auto& e : b.events) {
+      const std::string& k = e.kv.key;
+      const bool put = e.type == election::WatchEvent::Type::put;
+      if (k.size() > fp.size() && k.starts_with(fp)) {  // a commit: it deleted intent/r too
+        const std::int64_t g = put ? parse_gen(e.kv.value) : 0;
+        if (g > 0) last_commit_[k.substr(fp.size())] = LastCommit{g, e.kv.mod_revision};
+        else last_commit_.erase(k.substr(fp.size()));
+      } else if (put && k.size() > ip.size() && k.starts_with(ip)) {
+        last_commit_.erase(k.substr(ip.size()));
+      }
+      for (AckWait* w : ack_waits_) {
+        if (put && k.size() > w->acks.size() && k.starts_with(w->acks)) {
           w->put[k.substr(w->acks.size())] = e.kv.lease;
         } else if (k.size() > mp.size() && k.starts_with(mp)) {
-          if (e.type == election::WatchEvent::Type::del) {
+          if (!put) {
             std::int64_t& at = w->gone[k.substr(mp.size())];
             at = std::max(at, e.kv.mod_revision);
           } else {
@@ -186,6 +194,7 @@ void Fleet::on_watch(const election::WatchBatch& b) {
           w->intent_rev = std::max(w->intent_rev, e.kv.mod_revision);
         }
       }
+    }
   }
   cv_.notify_all();
   if (!fence_) return;
@@ -473,14 +482,27 @@ store::Status Fleet::run_advance(const std::string& r, std::int64_t w) {
   const auto give_up = BootClock::now() + drain_timeout_ + 2 * ttl_ + std::chrono::seconds(10);
   const std::string fk = key("fence/", r), ik = key("intent/", r);
   std::int64_t acked = 0;  // the highest generation acknowledged by this call
+  // The first pass may take step 1 from the last commit the watch delivered (fence/r at its
+  // revision, no intent/r): the intent transaction compares both, so a stale one only fails it.
+  LastCommit last;
+  const char* step1 = "read";
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = last_commit_.find(r); it != last_commit_.end() && it->second.generation < w) last = it->second;
+  }
   for (;;) {
     if (stopping_.load()) return store::Status::Error("fleet: stopping");
     if (!member()) return store::Status::Error("fleet-unavailable: not a member of fleet " + name_);
     if (BootClock::now() > give_up) return store::Status::Error("fleet: the advance did not complete in time");
     // 1. read
     const std::uint64_t seen_events = events();
-    std::vector<std::vector<KeyValue>> got;  // fence/r, intent/r: one round trip, one revision
-    if (!client_->ranges({{fk, ""}, {ik, ""}}, &got).ok()) {
+    const bool from_watch = last.mod_revision > 0;
+    std::vector<std::vector<KeyValue>> got(2);  // fence/r, intent/r: one round trip, one revision
+    if (from_watch) {
+      step1 = "watch";
+      got[0].push_back(KeyValue{fk, pad20(last.generation), 0, last.mod_revision, 0, 0});
+      last = {};
+    } else if (!client_->ranges({{fk, ""}, {ik, ""}}, &got).ok()) {
       if (!sleep_for(std::chrono::milliseconds(20))) continue;
       continue;
     }
@@ -529,13 +551,17 @@ store::Status Fleet::run_advance(const std::string& r, std::int64_t w) {
     };
     std::vector<std::vector<KeyValue>> at_intent;
     if (!client_->txn({{ik, imod}, {fk, fmod}}, ops, &won, &h, &at_intent).ok() || !won) {
+      if (from_watch) {  // the watch's view was stale (or the outcome is unknown): read
+        step1 = "stale";
+        continue;
+      }
       if (!sleep_for(std::chrono::milliseconds(5))) continue;
       continue;
     }
     acked = w;
     intent_done_ = std::chrono::steady_clock::now();
-    (void)wait_and_commit(r, w, h.revision, fmod, give_up, intent_at, &aw,
-                          at_intent.size() == 2 ? &at_intent : nullptr);
+    (void)wait_and_commit(r, w, h.revision, fmod, give_up, intent_at, &aw, at_intent.size() == 2 ? &at_intent : nullptr,
+                          step1);
   }
 }
 
@@ -609,7 +635,7 @@ int Fleet::commit_from_watch(const std::string& r, std::int64_t x, std::int64_t 
 }
 
 void Fleet::record_commit(const std::string& r, std::int64_t x, std::chrono::steady_clock::time_point started,
-                          std::chrono::steady_clock::time_point acks_done) {
+                          std::chrono::steady_clock::time_point acks_done, const char* step1) {
   const auto now = std::chrono::steady_clock::now();
   advance_seconds_.observe(std::chrono::duration<double>(now - started).count());
   // How the advance's time divides (bench/bench.py's fleet part reads this line).
@@ -617,13 +643,14 @@ void Fleet::record_commit(const std::string& r, std::int64_t x, std::chrono::ste
   const auto intent_done = std::max(started, std::min(intent_done_.load(), acks_done));
   log::info("fleet: advance committed",
             {log::kv("resource", r), log::kv("generation", x), log::kv("intent_ms", ms(intent_done - started)),
-             log::kv("acks_ms", ms(acks_done - intent_done)), log::kv("commit_ms", ms(now - acks_done))});
+             log::kv("acks_ms", ms(acks_done - intent_done)), log::kv("commit_ms", ms(now - acks_done)),
+             log::kv("step1", step1)});
 }
 
 // 5. and 6.
 bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t intent_mod, std::int64_t fence_mod,
                             BootClock::time_point give_up, std::chrono::steady_clock::time_point started,
-                            const AckWait* aw, const std::vector<std::vector<KeyValue>>* at_intent) {
+                            const AckWait* aw, const std::vector<std::vector<KeyValue>>* at_intent, const char* step1) {
   const std::string fk = key("fence/", r), ik = key("intent/", r), mp = key("members/", "");
   const std::string ap = key("acks/", r + "/" + pad20(x) + "/");
   std::vector<std::string> counted;  // members this advance waited for (counted once)
@@ -631,7 +658,7 @@ bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t i
   if (aw && at_intent) {
     const int c = commit_from_watch(r, x, intent_mod, fence_mod, give_up, *aw, *at_intent, &acks_done, &counted);
     if (c > 0) {
-      record_commit(r, x, started, acks_done);
+      record_commit(r, x, started, acks_done, step1);
       return true;
     }
     if (c < 0) return false;
@@ -684,7 +711,7 @@ bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t i
     }
     if (won) {
       read_commits_.fetch_add(1, std::memory_order_relaxed);
-      record_commit(r, x, started, acks_done);
+      record_commit(r, x, started, acks_done, step1);
     }
     return won;
   }

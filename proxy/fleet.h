@@ -104,15 +104,18 @@ class Fleet {
   bool wait_and_commit(const std::string& r, std::int64_t x, std::int64_t intent_mod, std::int64_t fence_mod,
                        BootClock::time_point give_up, std::chrono::steady_clock::time_point started,
                        const AckWait* aw = nullptr,
-                       const std::vector<std::vector<election::KeyValue>>* at_intent = nullptr);
+                       const std::vector<std::vector<election::KeyValue>>* at_intent = nullptr,
+                       const char* step1 = "read");
   // The commit without a read (step 5 from the intent's own read and the watch). Returns 1
   // committed, 0 not (the read path takes over), -1 stopping or no longer a member.
   int commit_from_watch(const std::string& r, std::int64_t x, std::int64_t intent_mod, std::int64_t fence_mod,
                         BootClock::time_point give_up, const AckWait& aw,
                         const std::vector<std::vector<election::KeyValue>>& at_intent,
                         std::chrono::steady_clock::time_point* acks_done, std::vector<std::string>* counted);
+  // `step1`: how step 1 knew fence/ and intent/ ("read", "watch", or "stale": the watch's view
+  // failed the intent's compares, then a read).
   void record_commit(const std::string& r, std::int64_t x, std::chrono::steady_clock::time_point started,
-                     std::chrono::steady_clock::time_point acks_done);
+                     std::chrono::steady_clock::time_point acks_done, const char* step1);
   bool put_ack(const std::string& r, std::int64_t x);
   bool sleep_for(std::chrono::milliseconds d);  // false if stopping
   // Until a watch event after `since` (events()), or d; false if stopping.
@@ -154,6 +157,13 @@ class Fleet {
   std::map<std::string, std::int64_t> acked_;
   std::uint64_t watch_events_ = 0;   // Guarded by mu_: watch batches received
   std::vector<AckWait*> ack_waits_;  // Guarded by mu_: the advances waiting for acknowledgements
+  // Guarded by mu_: per resource, fence/r as the last commit the watch delivered left it (that
+  // commit deleted intent/r; a put of intent/r since drops the entry). Step 1 then needs no read:
+  // the intent transaction's compares check that both are still so.
+  struct LastCommit {
+    std::int64_t generation = 0, mod_revision = 0;
+  };
+  std::map<std::string, LastCommit> last_commit_;
   // When the last intent transaction of this replica returned (for the advance's time split).
   std::atomic<std::chrono::steady_clock::time_point> intent_done_{};
   std::thread loop_, guard_;
