@@ -1409,6 +1409,7 @@ backend be
         txn = self.etcd_txn_times(cport, n)
         split = {"intent_ms": [], "acks_ms": [], "commit_ms": []}
         step1 = {}  # how each committing replica knew fence/ and intent/ before its intent
+        total = []  # intent to commit (fencegate_fleet_advance_seconds), per advance
         for i in range(3):
             with open(os.path.join(self.tmp, f"fleet-r{i}.log"), errors="replace") as f:
                 for line in f:
@@ -1416,12 +1417,14 @@ backend be
                         j = json.loads(line)
                         for k in split:
                             split[k].append(float(j[k]))
+                        total.append(sum(float(j[k]) for k in ("intent_ms", "acks_ms", "commit_ms")))
                         step1[j.get("step1", "read")] = step1.get(j.get("step1", "read"), 0) + 1
         self.res["fleet"] = {
             "throughput": thr, "rounds": rounds, "n": n,
             "advance_p50_ms": pct(adv, 0.5) * 1000, "advance_p99_ms": pct(adv, 0.99) * 1000,
             "txn_p50_ms": pct(txn, 0.5) * 1000, "txn_p99_ms": pct(txn, 0.99) * 1000,
             "split": {k: (pct(v, 0.5), pct(v, 0.99), len(v)) for k, v in split.items() if v}, "step1": step1,
+            "intent_to_commit": (pct(total, 0.5), pct(total, 0.99), len(total)) if total else None,
         }
         for r in reps:
             self.procs.stop(r[1])
@@ -1447,6 +1450,9 @@ backend be
             L.append("| stage | p50 ms | p99 ms | n |\n|---|---:|---:|---:|")
             for k, (p50, p99, n) in f["split"].items():
                 L.append(f"| {k[:-3]} | {p50:.2f} | {p99:.2f} | {n} |")
+            if f.get("intent_to_commit"):
+                p50, p99, n = f["intent_to_commit"]
+                L.append(f"| intent to commit (fencegate_fleet_advance_seconds) | {p50:.2f} | {p99:.2f} | {n} |")
             L.append("")
         if f.get("step1"):
             L.append("Step 1 (fence/ and intent/ before the intent): " +

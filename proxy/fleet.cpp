@@ -523,7 +523,8 @@ store::Status Fleet::run_advance(const std::string& r, std::int64_t w) {
       if (fence_) fence_->note_remote(r, X);
       if (acked < X && put_ack(r, X)) acked = X;
       if (who == member_ && i[0].lease == lease_.load()) {
-        (void)wait_and_commit(r, X, imod, fmod, give_up, std::chrono::steady_clock::now());
+        // Committed: fence/r = X is durable (our transaction's compares held), X >= w.
+        if (wait_and_commit(r, X, imod, fmod, give_up, std::chrono::steady_clock::now())) return store::Status::OK();
         continue;
       }
       (void)wait_event(seen_events, std::chrono::milliseconds(50));  // its commit comes through the watch
@@ -560,8 +561,10 @@ store::Status Fleet::run_advance(const std::string& r, std::int64_t w) {
     }
     acked = w;
     intent_done_ = std::chrono::steady_clock::now();
-    (void)wait_and_commit(r, w, h.revision, fmod, give_up, intent_at, &aw, at_intent.size() == 2 ? &at_intent : nullptr,
-                          step1);
+    // Committed: fence/r = w is durable (our transaction's compares held); no read to confirm it.
+    if (wait_and_commit(r, w, h.revision, fmod, give_up, intent_at, &aw, at_intent.size() == 2 ? &at_intent : nullptr,
+                        step1))
+      return store::Status::OK();
   }
 }
 
