@@ -382,3 +382,67 @@ TEST_CASE(
   for (std::int64_t g : tokens(up)) CHECK(g <= fence);
   INFO("admitted ", ok.load(), ", refused ", refused.load());
 }
+
+// Issue 33: the admin API's fence endpoint, `fencegate elect --fence` naming any replica, and observe
+// mode work in a fleet as on one sidecar.
+TEST_CASE("fleet: the fence endpoint and elect --fence at one replica fence all three; observe mode refuses nothing") {
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream up;
+  const json routes =
+      json::array({{{"prefix", "/shadow"}, {"upstream", up.url()}, {"resource", "shadow"}, {"mode", "observe"}},
+                   {{"prefix", "/"}, {"upstream", up.url()}, {"resource", "ledger"}, {"mode", "enforce"}}});
+  const json extra = {{"drain_timeout_ms", 8000}};
+  Replica a({etcd.url()}, "f9", "a", routes, extra), b({etcd.url()}, "f9", "b", routes, extra),
+      c({etcd.url()}, "f9", "c", routes, extra);
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE_MESSAGE(b.start(), b.log());
+  REQUIRE_MESSAGE(c.start(), c.log());
+
+  // The activation barrier's call at A: the generation is committed in etcd, nothing is forwarded,
+  // and B and C refuse anything older at once.
+  auto f = request(a.admin_port(), "POST", "/v1/resources/ledger/fence", {{"Fencing-Token", "5"}},
+                   json{{"generation", 5}, {"leader", "worker-a"}}.dump(), 15s);
+  REQUIRE_MESSAGE(f.code() == 200, describe(f), a.log());
+  CHECK(json::parse(f.response.body, nullptr, false).value("generation", 0) == 5);
+  CHECK(etcd_fence(etcd, "f9") == 5);
+  CHECK(up.requests().empty());
+  for (Replica* x : {&b, &c}) {
+    auto s = x->write(4);
+    CHECK_MESSAGE(s.code() == 409, describe(s));
+    CHECK(problem_type(s).find("stale-generation") != std::string::npos);
+  }
+  CHECK(c.write(5).code() == 200);
+
+  // fencegate elect: wins the election, fences the ledger through replica B (any replica), then
+  // runs its command, which writes with its token through replica C.
+  auto e = run_command({kFencegate, "elect", "--etcd", etcd.url(), "--election", "ledger-leader", "--id", "worker-b",
+                        "--ttl", "3", "--fence",
+                        "http://127.0.0.1:" + std::to_string(b.admin_port()) + "/v1/resources/ledger", "--", "/bin/sh",
+                        "-c", "echo token=$FENCING_TOKEN"},
+                       30s);
+  REQUIRE_MESSAGE(e.code() == 0, e.out, e.err, b.log());
+  const auto at = e.out.find("token=");
+  REQUIRE(at != std::string::npos);
+  const std::int64_t t = std::stoll(e.out.substr(at + 6));
+  REQUIRE(t > 5);  // the leader key's revision: every earlier fleet write took revisions too
+  CHECK(etcd_fence(etcd, "f9") == t);
+  CHECK(a.write(t - 1).code() == 409);  // at once, at a replica the fence call did not go to
+  auto w = c.write(t);
+  CHECK_MESSAGE(w.code() == 200, describe(w));
+
+  // Observe mode: a newer generation is committed in the fleet, an older one is forwarded anyway
+  // (and audited as a would-be rejection where it arrived).
+  REQUIRE(request(a.port(), "POST", "/shadow/x", {{"Fencing-Token", "7"}}, "{}", 15s).code() == 200);
+  auto old = request(b.port(), "POST", "/shadow/x", {{"Fencing-Token", "6"}}, "{}", 15s);
+  CHECK_MESSAGE(old.code() == 200, describe(old));
+  CHECK(eventually(
+      [&] {
+        return b.admin("/v1/audit?decision=would_reject_stale").response.body.find("\"shadow\"") != std::string::npos;
+      },
+      5s));
+  std::vector<std::int64_t> shadow;
+  for (const auto& r : up.requests())
+    if (r.target == "/shadow/x") shadow.push_back(r.fencing_token().value_or(-1));
+  CHECK(shadow == std::vector<std::int64_t>{7, 6});
+}
