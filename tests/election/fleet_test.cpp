@@ -446,3 +446,55 @@ TEST_CASE("fleet: the fence endpoint and elect --fence at one replica fence all 
     if (r.target == "/shadow/x") shadow.push_back(r.fencing_token().value_or(-1));
   CHECK(shadow == std::vector<std::int64_t>{7, 6});
 }
+
+// Issue 33: a route linked to an election in a fleet: every replica follows the election and
+// advances the resource when a leader appears (concurrently: the protocol lets one commit); the new
+// leader's generation is the fleet's before it writes, and the old leader is refused everywhere.
+TEST_CASE(
+    "fleet: authority-linked routes: a new leader is fenced in at every replica, the old one refused everywhere") {
+  EtcdServer etcd;
+  FG_START_ETCD(etcd);
+  RecordingUpstream up;
+  const json routes = json::array({{{"prefix", "/"},
+                                    {"upstream", up.url()},
+                                    {"resource", "ledger"},
+                                    {"mode", "enforce"},
+                                    {"authority", {{"etcd", {etcd.url()}}, {"election", "billing"}}}}});
+  const json extra = {{"drain_timeout_ms", 8000}};
+  Replica a({etcd.url()}, "f10", "a", routes, extra), b({etcd.url()}, "f10", "b", routes, extra),
+      c({etcd.url()}, "f10", "c", routes, extra);
+  REQUIRE_MESSAGE(a.start(), a.log());
+  REQUIRE_MESSAGE(b.start(), b.log());
+  REQUIRE_MESSAGE(c.start(), c.log());
+  Client cl(client_options(etcd));
+  fencegate::election::LeaseGrant la, lb;
+  REQUIRE(cl.grant(10, &la).ok());
+  REQUIRE(cl.grant(10, &lb).ok());
+  auto write = [](const Replica& x, std::int64_t g, const std::string& leader) {
+    return request(x.port(), "POST", "/ledger/charge",
+                   {{"Fencing-Token", std::to_string(g)}, {"Fencing-Leader", leader}}, "{}", 15s);
+  };
+
+  fencegate::election::LeaderKey ka;
+  REQUIRE(cl.campaign("billing", la.id, "worker-a", &ka).ok());
+  // Fenced in by the replicas themselves, before the leader writes anything.
+  REQUIRE_MESSAGE(eventually([&] { return etcd_fence(etcd, "f10") == ka.rev; }, 10s), a.log(), b.log());
+  CHECK(up.requests().empty());
+  for (const Replica* x : {&a, &b, &c}) {
+    auto r = write(*x, ka.rev, "worker-a");
+    CHECK_MESSAGE(r.code() == 200, describe(r));
+  }
+
+  // A resigns, B is elected: B's generation is the fleet's; A's token is refused at every replica.
+  REQUIRE(cl.resign(ka, 2s).ok());
+  fencegate::election::LeaderKey kb;
+  REQUIRE(cl.campaign("billing", lb.id, "worker-b", &kb).ok());
+  REQUIRE(eventually([&] { return etcd_fence(etcd, "f10") == kb.rev; }, 10s));
+  for (const Replica* x : {&a, &b, &c}) {
+    auto r = write(*x, ka.rev, "worker-a");
+    CHECK_MESSAGE(r.code() == 409, describe(r));
+  }
+  auto r = write(b, kb.rev, "worker-b");
+  CHECK_MESSAGE(r.code() == 200, describe(r));
+  CHECK(tokens(up) == std::vector<std::int64_t>{ka.rev, ka.rev, ka.rev, kb.rev});
+}
