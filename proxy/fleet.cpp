@@ -627,14 +627,19 @@ int Fleet::commit_from_watch(const std::string& r, std::int64_t x, std::int64_t 
   }
   *acks_done = std::chrono::steady_clock::now();
   bool won = false;
-  std::vector<TxnOp> ops = {
-      TxnOp{TxnOp::Type::put, fk, pad20(x) + " " + member_, "", 0},
-      TxnOp{TxnOp::Type::del, ik, "", "", 0},
-      TxnOp{TxnOp::Type::del, aw.acks, "", election::prefix_range_end(aw.acks), 0},
-  };
-  if (!client_->txn(cmps, ops, &won).ok() || !won) return 0;  // unknown or refused: the read path tells
+  if (!client_->txn(cmps, commit_ops(r, x), &won).ok() || !won) return 0;  // unknown or refused: the read path tells
   watch_commits_.fetch_add(1, std::memory_order_relaxed);
   return 1;
+}
+
+// Step 6's operations: put fence/r = x, delete intent/r and the acknowledgements of x.
+std::vector<TxnOp> Fleet::commit_ops(const std::string& r, std::int64_t x) const {
+  const std::string ap = key("acks/", r + "/" + pad20(x) + "/");
+  return {
+      TxnOp{TxnOp::Type::put, key("fence/", r), pad20(x) + " " + member_, "", 0},
+      TxnOp{TxnOp::Type::del, key("intent/", r), "", "", 0},
+      TxnOp{TxnOp::Type::del, ap, "", election::prefix_range_end(ap), 0},
+  };
 }
 
 void Fleet::record_commit(const std::string& r, std::int64_t x, std::chrono::steady_clock::time_point started,
@@ -703,12 +708,7 @@ bool Fleet::wait_and_commit(const std::string& r, std::int64_t x, std::int64_t i
     }
     if (acks_done == std::chrono::steady_clock::time_point{}) acks_done = std::chrono::steady_clock::now();
     bool won = false;
-    std::vector<TxnOp> ops = {
-        TxnOp{TxnOp::Type::put, fk, pad20(x) + " " + member_, "", 0},
-        TxnOp{TxnOp::Type::del, ik, "", "", 0},
-        TxnOp{TxnOp::Type::del, ap, "", election::prefix_range_end(ap), 0},
-    };
-    if (!client_->txn({{ik, intent_mod}, {fk, fence_mod}}, ops, &won).ok()) {
+    if (!client_->txn({{ik, intent_mod}, {fk, fence_mod}}, commit_ops(r, x), &won).ok()) {
       if (!sleep_for(std::chrono::milliseconds(20))) return false;
       continue;  // unknown outcome: the next read tells
     }

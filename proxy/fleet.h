@@ -37,6 +37,7 @@ namespace fencegate::election {
 class Client;
 class Watch;
 struct KeyValue;
+struct TxnOp;
 struct WatchBatch;
 }  // namespace fencegate::election
 
@@ -114,6 +115,7 @@ class Fleet {
                         std::chrono::steady_clock::time_point* acks_done, std::vector<std::string>* counted);
   // `step1`: how step 1 knew fence/ and intent/ ("read", "watch", or "stale": the watch's view
   // failed the intent's compares, then a read).
+  std::vector<election::TxnOp> commit_ops(const std::string& r, std::int64_t x) const;
   void record_commit(const std::string& r, std::int64_t x, std::chrono::steady_clock::time_point started,
                      std::chrono::steady_clock::time_point acks_done, const char* step1);
   bool put_ack(const std::string& r, std::int64_t x);
