@@ -234,10 +234,11 @@ void Fleet::on_intent(const std::string& r, std::int64_t x, const std::string& w
 }
 
 // A commit of g (fence/<r>) the watch delivered: durable in etcd (a watch sends only applied
-// revisions). With nothing in the way the fence takes it at once, and the local copy follows;
+// revisions). With nothing in the way the fence takes it at once, and the local copy follows
+// (within kLocalCopyEvery);
 // else the slow path reads it again.
 void Fleet::on_committed(const std::string& r, std::int64_t g, const std::string& who) {
-  if (fence_->note_committed(r, g) && local_) local_->advance(r, g, who, nullptr);
+  if (fence_->note_committed(r, g)) copy_local(r, g, who);
   std::lock_guard lk(mu_);
   if (auto it = acked_.find(r); it != acked_.end() && it->second <= g) acked_.erase(it);
 }
@@ -280,6 +281,7 @@ void Fleet::stop() {
     std::unique_lock lk(mu_);
     cv_.wait(lk, [this] { return advances_running_ == 0; });
   }
+  flush_local();  // before the local store drains (stop() comes first)
   deadline_ns_.store(0);
   if (std::int64_t l = lease_.exchange(0)) (void)client_->revoke(l, std::chrono::milliseconds(1000));
 }
@@ -328,7 +330,12 @@ void Fleet::guard_loop() {
 
 void Fleet::loop() {
   auto next_round = std::chrono::steady_clock::now();
+  auto next_copy = next_round + kLocalCopyEvery;
   while (!stopping_.load()) {
+    if (std::chrono::steady_clock::now() >= next_copy) {
+      flush_local();
+      next_copy = std::chrono::steady_clock::now() + kLocalCopyEvery;
+    }
     if (lease_.load() == 0) {
       if (!join()) {
         if (!sleep_for(std::chrono::milliseconds(250))) return;
@@ -444,10 +451,7 @@ void Fleet::advance(std::string resource, std::int64_t w, std::string leader, Do
   }
   std::thread([this, resource = std::move(resource), w, leader = std::move(leader), done = std::move(done)]() mutable {
     store::Status st = run_advance(resource, w);
-    if (st.ok() && local_) {
-      // The local copy (best effort: etcd holds the fence).
-      local_->advance(resource, w, std::move(leader), nullptr);
-    }
+    if (st.ok()) copy_local(resource, w, std::move(leader));  // best effort: etcd holds the fence
     if (done) done(st);
     std::lock_guard lk(mu_);
     --advances_running_;
@@ -471,6 +475,22 @@ struct Fleet::AckWaitScope {
   Fleet& f_;
   AckWait& w_;
 };
+
+void Fleet::copy_local(const std::string& r, std::int64_t g, std::string by) {
+  if (!local_) return;
+  std::lock_guard lk(local_mu_);
+  auto& [gen, who] = local_pending_[r];
+  if (g > gen) gen = g, who = std::move(by);
+}
+
+void Fleet::flush_local() {
+  std::map<std::string, std::pair<std::int64_t, std::string>> out;
+  {
+    std::lock_guard lk(local_mu_);
+    out.swap(local_pending_);
+  }
+  for (auto& [r, v] : out) local_->advance(r, v.first, std::move(v.second), nullptr);
+}
 
 bool Fleet::put_ack(const std::string& r, std::int64_t x) {
   return client_->put(ack_key(r, x, member_), "", lease_.load()).ok();

@@ -49,6 +49,11 @@ class Fleet {
  public:
   // The fleet thread's tick (no etcd request: it only checks whether a renewal round is due).
   static constexpr std::chrono::milliseconds kPollEvery{25};
+  // The local SQLite copy of committed generations (best effort: etcd holds the fence) is written
+  // by the fleet thread at most this often, the newest generation per resource: one commit for
+  // many advances. Written at each advance, every replica's fsync landed on the disk just as the
+  // next advance's etcd transactions needed it.
+  static constexpr std::chrono::milliseconds kLocalCopyEvery{500};
 
   // REQUIRES: cfg.fleet.enabled() (validated). Throws std::invalid_argument naming the fleet.*
   // field if an etcd TLS file or the password file no longer loads (issue 27).
@@ -119,6 +124,8 @@ class Fleet {
   void record_commit(const std::string& r, std::int64_t x, std::chrono::steady_clock::time_point started,
                      std::chrono::steady_clock::time_point acks_done, const char* step1);
   bool put_ack(const std::string& r, std::int64_t x);
+  void copy_local(const std::string& r, std::int64_t g, std::string by);  // queued for flush_local
+  void flush_local();  // the queued local copies, one store batch
   bool sleep_for(std::chrono::milliseconds d);  // false if stopping
   // Until a watch event after `since` (events()), or d; false if stopping.
   bool wait_event(std::uint64_t since, std::chrono::milliseconds d);
@@ -168,6 +175,9 @@ class Fleet {
   std::map<std::string, LastCommit> last_commit_;
   // When the last intent transaction of this replica returned (for the advance's time split).
   std::atomic<std::chrono::steady_clock::time_point> intent_done_{};
+  // The local copies not yet written (resource -> generation, advanced_by).
+  std::mutex local_mu_;
+  std::map<std::string, std::pair<std::int64_t, std::string>> local_pending_;  // Guarded by local_mu_
   std::thread loop_, guard_;
 };
 

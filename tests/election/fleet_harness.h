@@ -59,6 +59,8 @@ class Replica {
     process_->stop(3s);
   }
   bool running() { return process_ && process_->running(); }
+  // SIGTERM: a graceful stop (what it had queued for its store is committed first).
+  int stop() { return process_->stop(10s).code; }
   std::string db() const { return dir_->file("fence.db"); }
   std::string config_path() const { return dir_->file("fencegate.json"); }
   std::uint16_t admin_port() const { return admin_port_; }

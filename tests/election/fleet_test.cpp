@@ -11,6 +11,7 @@
 #include <thread>
 #include <nlohmann/json.hpp>
 
+#include "fence_store/store.h"
 #include "tests/election/fleet_harness.h"
 #include "tests/support/http_client.h"
 #include "tests/support/upstream.h"
@@ -146,6 +147,23 @@ TEST_CASE("fleet: a newer generation at one replica is the fence of all three, c
   std::sort(ms.begin(), ms.end());
   INFO("advance times (ms), sorted: ", ms[0], " ", ms[1], " ", ms[2], " ", ms[3], " ", ms[4]);
   CHECK(ms[2] < 250);
+
+  // Each replica's SQLite file keeps a copy of the committed generations (etcd holds the fence;
+  // the copy is written within Fleet::kLocalCopyEvery, not at each advance), and a graceful stop
+  // writes what it had not yet.
+  auto local_generation = [](const Replica& x) -> std::int64_t {
+    std::string err;
+    auto s = fencegate::store::Store::open_readonly(x.db(), &err);
+    if (!s) return -1;
+    for (const auto& st : s->load_all())
+      if (st.resource == "ledger") return st.generation;
+    return 0;
+  };
+  for (Replica* x : {&a, &b, &c})
+    CHECK_MESSAGE(eventually([&] { return local_generation(*x) == 7; }, 5s), "local copy: ", local_generation(*x));
+  REQUIRE(a.write(8).code() == 200);
+  CHECK(a.stop() == 0);
+  CHECK(local_generation(a) == 8);
 }
 
 TEST_CASE("fleet: an advance at one replica waits for an older write in flight at another (drain across replicas)") {
