@@ -8,6 +8,7 @@
 #include "fence_store/replay_cache.h"
 #include "fence_store/key_table.h"
 #include "common/file_checks.h"
+#include "common/wake_batch.h"
 
 #include <sqlite3.h>
 #include <fcntl.h>
@@ -503,6 +504,7 @@ class OwnedStore final : public TestableStore {
       }
     }
     std::size_t kept = 0;
+    const WakeBatch wakes;  // the completions' wake-ups of the I/O threads, sent together at the end
     for (auto& it : batch) {
       for (auto& r : it.riders) {  // issue 30: before the advance's completion runs
         bool release = false;

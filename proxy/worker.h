@@ -23,6 +23,7 @@
 #include "proxy/fence.h"
 #include "proxy/local_reply.h"
 #include "common/log.h"
+#include "common/wake_batch.h"
 #include "proxy/metrics.h"
 #include "proxy/relay_io.h"
 #include "proxy/runtime.h"
@@ -214,7 +215,8 @@ struct Worker {
       has_delivered.store(true, std::memory_order_release);
     }
     // Non-empty means an earlier post has not run yet: it takes this one too.
-    if (first) net::post(ioc, [this] { run_delivered(); });
+    // (Within a WakeBatch, once the batch ends: all its deliveries then wake this thread once.)
+    if (first) WakeBatch::wake([this] { net::post(ioc, [this] { run_delivered(); }); });
   }
   // The worker's thread: runs what was delivered so far (cheap when nothing was).
   void run_delivered() {
