@@ -235,8 +235,7 @@ void Fleet::on_intent(const std::string& r, std::int64_t x, const std::string& w
 
 // A commit of g (fence/<r>) the watch delivered: durable in etcd (a watch sends only applied
 // revisions). With nothing in the way the fence takes it at once, and the local copy follows
-// (within kLocalCopyEvery);
-// else the slow path reads it again.
+// (within kLocalCopyEvery); else the slow path reads it again.
 void Fleet::on_committed(const std::string& r, std::int64_t g, const std::string& who) {
   if (fence_->note_committed(r, g)) copy_local(r, g, who);
   std::lock_guard lk(mu_);

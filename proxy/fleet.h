@@ -118,9 +118,10 @@ class Fleet {
                         BootClock::time_point give_up, const AckWait& aw,
                         const std::vector<std::vector<election::KeyValue>>& at_intent,
                         std::chrono::steady_clock::time_point* acks_done, std::vector<std::string>* counted);
+  // Step 6's operations: put fence/r = x, delete intent/r and the acknowledgements of x.
+  std::vector<election::TxnOp> commit_ops(const std::string& r, std::int64_t x) const;
   // `step1`: how step 1 knew fence/ and intent/ ("read", "watch", or "stale": the watch's view
   // failed the intent's compares, then a read).
-  std::vector<election::TxnOp> commit_ops(const std::string& r, std::int64_t x) const;
   void record_commit(const std::string& r, std::int64_t x, std::chrono::steady_clock::time_point started,
                      std::chrono::steady_clock::time_point acks_done, const char* step1);
   bool put_ack(const std::string& r, std::int64_t x);
