@@ -94,8 +94,8 @@ bool Fence::load(std::string* error) {
   }
   std::lock_guard lk(map_mu_);
   for (auto& s : all) {
-    auto& slot = resources_[s.resource];
-    if (!slot) slot = std::make_unique<FenceResource>(s.resource);
+    FenceResource* slot = by_name_.find(s.resource);
+    if (!slot) slot = add_locked(s.resource);
     slot->stored = slot->seen = s.generation;
   }
   return true;
@@ -110,34 +110,39 @@ void Fence::set_observe_cap(std::chrono::milliseconds cap) {
   observe_cap_ms_.store(cap.count(), std::memory_order_relaxed);
 }
 
+// REQUIRES: map_mu_ held, `resource` not held yet.
+FenceResource* Fence::add_locked(const std::string& resource) {
+  FenceResource* r = resources_.emplace_back(std::make_unique<FenceResource>(resource)).get();
+  by_name_.insert(r);
+  return r;
+}
+
 FenceResource* Fence::find_or_create(const std::string& resource, const RouteQuota* quota) {
   std::lock_guard lk(map_mu_);
-  auto it = resources_.find(resource);
-  if (it != resources_.end()) return it->second.get();
+  if (FenceResource* r = by_name_.find(resource)) return r;
   if (resources_.size() >= max_resources_.load(std::memory_order_relaxed)) return nullptr;
   std::size_t* held = quota ? &per_route_[std::string(quota->route)] : nullptr;
   if (held && quota->max_resources > 0 && *held >= quota->max_resources) return nullptr;
-  auto [ins, _] = resources_.emplace(resource, std::make_unique<FenceResource>(resource));
+  FenceResource* r = add_locked(resource);
   if (held) {
-    ins->second->route = std::string(quota->route);
+    r->route = std::string(quota->route);
     ++*held;
   }
-  return ins->second.get();
+  return r;
 }
 
 void Fence::recount_routes(const std::function<std::string(const std::string&)>& route_of) {
   std::lock_guard lk(map_mu_);
   per_route_.clear();
-  for (auto& [name, r] : resources_) {
-    r->route = route_of(name);
+  for (auto& r : resources_) {
+    r->route = route_of(r->name);
     if (!r->route.empty()) ++per_route_[r->route];
   }
 }
 
 FenceResource* Fence::find_existing(const std::string& resource) {
   std::lock_guard lk(map_mu_);
-  auto it = resources_.find(resource);
-  return it == resources_.end() ? nullptr : it->second.get();
+  return by_name_.find(resource);
 }
 
 // REQUIRES: r->mu held. Never fenced: no generation stored, none on its way to the store.
@@ -173,9 +178,8 @@ std::int64_t Fence::current(const std::string& resource) {
   FenceResource* r = nullptr;
   {
     std::lock_guard lk(map_mu_);
-    auto it = resources_.find(resource);
-    if (it == resources_.end()) return 0;
-    r = it->second.get();
+    r = by_name_.find(resource);
+    if (!r) return 0;
   }
   std::lock_guard lk(r->mu);
   return r->stored;
@@ -186,7 +190,7 @@ std::vector<ResourceView> Fence::snapshot() {
   {
     std::lock_guard lk(map_mu_);
     all.reserve(resources_.size());
-    for (auto& [_, r] : resources_) all.push_back(r.get());
+    for (auto& r : resources_) all.push_back(r.get());
   }
   std::vector<ResourceView> out;
   out.reserve(all.size());
@@ -427,7 +431,7 @@ void Fence::shutdown() {
   std::vector<FenceResource*> all;
   {
     std::lock_guard lk(map_mu_);
-    for (auto& [_, r] : resources_) all.push_back(r.get());
+    for (auto& r : resources_) all.push_back(r.get());
   }
   for (FenceResource* r : all) {
     std::vector<Waiter> dropped;
@@ -582,7 +586,7 @@ void Fence::settle_owed() {
   std::vector<FenceResource*> all;
   {
     std::lock_guard lk(map_mu_);
-    for (auto& [_, r] : resources_) all.push_back(r.get());
+    for (auto& r : resources_) all.push_back(r.get());
   }
   for (FenceResource* r : all) retry_owed(r);
 }
@@ -739,7 +743,7 @@ std::size_t Fence::abort_inflight() {
   std::vector<FenceResource*> all;
   {
     std::lock_guard lk(map_mu_);
-    for (auto& [_, r] : resources_) all.push_back(r.get());
+    for (auto& r : resources_) all.push_back(r.get());
   }
   std::size_t aborted = 0;
   for (FenceResource* r : all) {

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "fence_store/store.h"
+#include "proxy/name_index.h"
 
 namespace fencegate::proxy {
 
@@ -255,6 +256,7 @@ class Fence {
   // nullptr iff over the cap (or over the route's, when a quota is given)
   FenceResource* find_or_create(const std::string& resource, const RouteQuota* quota = nullptr);
   FenceResource* find_existing(const std::string& resource);   // nullptr iff not held
+  FenceResource* add_locked(const std::string& resource);
   struct After;  // work to run once a resource's lock is released
   void start_advance(FenceResource* r, After& after);
   // Fleet: raises r's seen to g (> seen) for a generation seen elsewhere, forgetting its leader;
@@ -277,7 +279,10 @@ class Fence {
 
   // Guarded by map_mu_
   std::mutex map_mu_;
-  std::unordered_map<std::string, std::unique_ptr<FenceResource>> resources_;
+  // Every resource ever held (never erased: remove() clears one's state), and the index by name
+  // that the data path looks them up in.
+  std::vector<std::unique_ptr<FenceResource>> resources_;
+  NameIndex<FenceResource> by_name_;
   std::unordered_map<std::string, std::size_t> per_route_;  // resources held per route (guarded by map_mu_)
 
   // Guarded by timer_mu_: drain deadlines

@@ -1097,6 +1097,32 @@ TEST_CASE("fence: load() restores the stored generations") {
   }
 }
 
+TEST_CASE("fence: each of thousands of resources keeps its own generation (load and lookups by name)") {
+  // The fence's index by name grows as resources arrive (proxy/name_index.h): every resource is
+  // found again after many growths, under its own generation, and a name never held is not.
+  ManualStore s;
+  constexpr int kLoaded = 3000;
+  for (int i = 0; i < kLoaded; ++i) s.preset("r-" + std::to_string(i), i + 1);
+  Fence f(s, 10s, kLoaded + 2000);
+  std::string err;
+  REQUIRE(f.load(&err));
+  for (int i = 0; i < kLoaded; i += 7) CHECK(f.current("r-" + std::to_string(i)) == i + 1);
+  InflightNode n;
+  for (int i = 0; i < kLoaded; i += 97) {  // equal generation: the fast path finds the loaded one
+    CHECK(admit_now(f, "r-" + std::to_string(i), i + 1, &n).verdict == Verdict::admit);
+    f.release(&n);
+    CHECK(admit_now(f, "r-" + std::to_string(i), i, &n).verdict == Verdict::stale);
+  }
+  for (int i = 0; i < 2000; ++i) establish(f, s, "new-" + std::to_string(i), 5000 + i);
+  for (int i = 0; i < 2000; ++i) CHECK(f.current("new-" + std::to_string(i)) == 5000 + i);
+  for (int i = 0; i < kLoaded; i += 7) CHECK(f.current("r-" + std::to_string(i)) == i + 1);
+  CHECK(f.current("r-" + std::to_string(kLoaded)) == 0);
+  CHECK(f.current("") == 0);
+  CHECK(f.snapshot().size() == kLoaded + 2000);
+  CHECK(admit_now(f, "one-too-many", 1, &n).verdict == Verdict::overloaded);  // max_resources still holds
+  CHECK(f.current("one-too-many") == 0);
+}
+
 TEST_CASE("fence: release is idempotent and harmless on an unlinked node") {
   ManualStore s;
   Fence f(s, 10s, kManyResources);
