@@ -198,6 +198,7 @@ void bind_text(sqlite3_stmt* st, int i, const std::string& s) {
 
 // Opens a connection; returns nullptr and sets *error on failure.
 sqlite3* open_db(const std::string& path, int flags, std::string* error) {
+  install_paced_io();
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &db, flags | SQLITE_OPEN_NOMUTEX, nullptr);
   if (rc != SQLITE_OK) {

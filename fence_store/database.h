@@ -48,6 +48,24 @@ std::string prepare_writer(sqlite3* db, const std::string& path);
 // the error.
 std::string check_readable(sqlite3* db, const std::string& path);
 
+// Paced I/O (paced_io.cpp), installed by open_db() before its first connection: while a
+// PacedWrites of a thread is alive, the pages SQLite writes from that thread are written back in
+// 256 KiB pieces as they go rather than all at the commit's sync, and the core is offered after
+// each 256 KiB read or written. Other threads, and this one otherwise, read and write as before.
+void install_paced_io();
+class PacedWrites {
+ public:
+  PacedWrites();
+  ~PacedWrites();
+  PacedWrites(const PacedWrites&) = delete;
+  PacedWrites& operator=(const PacedWrites&) = delete;
+
+ private:
+  bool was_;
+};
+// Writebacks started by paced writes since the process began (for tests).
+std::uint64_t paced_writebacks();
+
 // While alive, `db` offers its thread's core every `steps` SQLite VM steps (sched_yield returns at
 // once when nothing else is runnable). Issue 29: a retention chunk is tens of milliseconds of CPU;
 // on a core shared with an I/O thread the scheduler would otherwise let it run a whole slice (ms)
@@ -61,6 +79,7 @@ class YieldingSteps {
 
  private:
   sqlite3* db_;
+  PacedWrites paced_;  // and the chunk's commit (and checkpoint) writes its pages back as it goes
 };
 
 }  // namespace fencegate::store::detail

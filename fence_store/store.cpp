@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <unordered_map>
 #include <memory>
@@ -61,7 +62,7 @@ bool file_id(int fd, const std::string& path, FileId* out) {
 constexpr std::chrono::milliseconds kPruneIdleInterval{1000};
 constexpr std::chrono::milliseconds kPruneMinGap{200};
 // Issue 29: a backlog of rows older than max_age (retention first set on a large log, or lowered)
-// is deleted a chunk at a time with a rest of kPruneBacklogRest x the chunk's own time after each,
+// is deleted a chunk at a time with a rest of kPruneBacklogRest x the chunk's own CPU time after each,
 // so the store thread takes at most a quarter of a core for it: on a host where it shares a core
 // with the I/O threads it would otherwise take half of that core for minutes. Rows over max_rows
 // are deleted without a rest (that bound is what caps the disk). Writes still go first.
@@ -76,6 +77,13 @@ constexpr std::size_t kGatherItems = 256;
 // Issue 30: what nobody waits for (a key's outcome or release without a completion) rides the
 // next commit, or is committed within kLazyWithin: it does not cost a commit of its own.
 constexpr std::chrono::milliseconds kLazyWithin{5};
+
+// The CPU time the calling thread has used.
+std::chrono::nanoseconds thread_cpu() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
 
 std::int64_t now_ms() {
   using namespace std::chrono;
@@ -424,13 +432,16 @@ class OwnedStore final : public TestableStore {
           continue;
         }
       }
+      const auto cpu0 = thread_cpu();
       prune_more = prune_chunk(retention);
       prune_now = false;
       last_prune = now;
       // The row bound caps the disk a flood of refusals can fill: its excess goes at full speed.
+      // Otherwise the rest is reckoned from the chunk's CPU time, not its wall time: a chunk that
+      // gave the core away (YieldingSteps) took longer without costing more.
       const bool over_rows =
           retention.max_rows > 0 && (audit_rows_ < 0 || static_cast<std::uint64_t>(audit_rows_) > retention.max_rows);
-      prune_rested = over_rows ? Clock::now() : Clock::now() + (Clock::now() - now) * kPruneBacklogRest;
+      prune_rested = over_rows ? Clock::now() : Clock::now() + (thread_cpu() - cpu0) * kPruneBacklogRest;
     }
   }
 

@@ -4,6 +4,7 @@
 // Thread-safety: as Store (every method is thread-safe).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -23,5 +24,9 @@ class TestableStore : public Store {
 
 // Store::open, returning the store with its seam. nullptr and *error as Store::open.
 std::unique_ptr<TestableStore> open_testable(const std::string& path, std::string* error);
+
+// How many times a store's paced writes (a retention chunk's, issue 29) have had the kernel start
+// writing their pages back, in this process so far.
+std::uint64_t paced_writebacks();
 
 }  // namespace fencegate::store
