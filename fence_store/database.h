@@ -50,8 +50,8 @@ std::string check_readable(sqlite3* db, const std::string& path);
 
 // Paced I/O (paced_io.cpp), installed by open_db() before its first connection: while a
 // PacedWrites of a thread is alive, the pages SQLite writes from that thread are written back in
-// 256 KiB pieces as they go rather than all at the commit's sync, and the core is offered after
-// each 256 KiB read or written. Other threads, and this one otherwise, read and write as before.
+// 128 KiB pieces as they go rather than all at the commit's sync, and the core is offered after
+// each 128 KiB read or written. Other threads, and this one otherwise, read and write as before.
 void install_paced_io();
 class PacedWrites {
  public:

@@ -25,7 +25,7 @@
 namespace fencegate::store::detail {
 namespace {
 
-constexpr std::int64_t kPaceBytes = 256 * 1024;
+constexpr std::int64_t kPaceBytes = 128 * 1024;
 
 using PreadFn = ssize_t (*)(int, void*, size_t, off_t);
 using PwriteFn = ssize_t (*)(int, const void*, size_t, off_t);
