@@ -713,6 +713,16 @@ ScheduleResult run_schedule(const Schedule& s) {
         lw.data_relay->hold_requests();
         const auto hold_at = Clock::now();
         run_watching(300ms);
+        // On a loaded machine the writer's request from just before the hold may still be on its
+        // way: partition only once one sent after the hold is waiting there (bounded), so that
+        // the scenario holds a request rather than testing nothing.
+        w.wait_until(
+            [&] {
+              auto ops = w.writer_ops(cur->worker, cur->pid);
+              return !ops.empty() && !ops.back().answered && ops.back().sent > hold_at;
+            },
+            3000ms);
+        watch_takeover();
         lw.ns->partition(lw.etcd_relay->port());
         run_watching(dur);
         lw.ns->heal();
