@@ -7,6 +7,7 @@
 
 #include <sqlite3.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -65,6 +66,8 @@ class PacedWrites {
 };
 // Writebacks started by paced writes since the process began (for tests).
 std::uint64_t paced_writebacks();
+// The CPU time the calling thread has used (a retention chunk's rest is reckoned from it).
+std::chrono::nanoseconds thread_cpu();
 
 // While alive, `db` offers its thread's core every `steps` SQLite VM steps (sched_yield returns at
 // once when nothing else is runnable). Issue 29: a retention chunk is tens of milliseconds of CPU;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <ctime>
 #include <mutex>
 
 #include "fence_store/database.h"
@@ -116,6 +117,12 @@ PacedWrites::~PacedWrites() {
 }
 
 std::uint64_t paced_writebacks() { return g_writebacks.load(std::memory_order_relaxed); }
+
+std::chrono::nanoseconds thread_cpu() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
 
 }  // namespace fencegate::store::detail
 

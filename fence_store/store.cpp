@@ -24,7 +24,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <map>
 #include <unordered_map>
 #include <memory>
@@ -77,13 +76,6 @@ constexpr std::size_t kGatherItems = 256;
 // Issue 30: what nobody waits for (a key's outcome or release without a completion) rides the
 // next commit, or is committed within kLazyWithin: it does not cost a commit of its own.
 constexpr std::chrono::milliseconds kLazyWithin{5};
-
-// The CPU time the calling thread has used.
-std::chrono::nanoseconds thread_cpu() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
-}
 
 std::int64_t now_ms() {
   using namespace std::chrono;
