@@ -804,7 +804,9 @@ backend be
         if name == "haproxy":
             port, p = self.start_haproxy(inst, tls=True)
             return port, p, lambda: [p.pid]
-        port, p, _ = self.start_fencegate(inst, tls=True, extra=["--max-connections", str(self.idle_conns + 100)])
+        binary = self.fg_baseline if name.startswith("baseline") else None
+        port, p, _ = self.start_fencegate(inst, tls=True, binary=binary,
+                                          extra=["--max-connections", str(self.idle_conns + 100)])
         return port, p, lambda: [p.pid]
 
     def tls(self):
@@ -815,11 +817,11 @@ backend be
         if not self.tls_ok:
             self.check("tls: the run could make a certificate and build benchtool with OpenSSL", False)
             return
-        names = ["nginx", "haproxy", "fencegate-enforce"]
+        names = ["nginx", "haproxy", "fencegate-enforce"] + (["baseline-enforce"] if self.fg_baseline else [])
         out = self.res["tls"]
         pre = (lambda: os.sched_setaffinity(0, {self.load_cpu})) if self.pin else None
         for rep in range(self.tls_reps):
-            for name in names[rep % 3:] + names[:rep % 3]:
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
                 port, p, pids = self.tls_launch(name, f"tls.{name}.{rep}")
                 # System calls per request counted by perf over the warm-up, as in the throughput part.
                 w = self.wrk(port, 2, name=f"warmup-tls-{name}", scheme="https", count_pids=pids())
@@ -854,9 +856,9 @@ backend be
         self.check("tls: every keep-alive and new-connection request answered 200" + (f": not {', '.join(errs)}" if errs else ""),
                    not errs)
         # Idle TLS connections: PSS with N connections, each after its handshake and one POST.
-        # fencegate's TLS terminator holds three descriptors per connection (the client's socket and
-        # a socketpair to its session): N is what the open-file limit allows, for both proxies.
-        self.tls_idle = min(self.idle_conns, (self.nofile - 200) // 3)
+        # One descriptor per connection on each proxy (fencegate's session reads and writes its TLS
+        # records itself): N is what the open-file limit allows, for both proxies.
+        self.tls_idle = min(self.idle_conns, self.nofile - 200)
         if self.tls_idle < self.idle_conns:
             log(f"tls memory: open-file limit {self.nofile}: {self.tls_idle} idle TLS connections, not {self.idle_conns}")
         for name in ("fencegate-enforce", "nginx"):
@@ -882,7 +884,7 @@ backend be
         L.append("| proxy | keep-alive req/s | p99 ms | CPU µs per request | syscalls per request | new connections/s "
                  "| connect-to-response p50 ms | p99 ms | proxy CPU µs per new connection |")
         L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for name in ("nginx", "haproxy", "fencegate-enforce"):
+        for name in ("nginx", "haproxy", "fencegate-enforce", "baseline-enforce"):
             k, n = t.get("keepalive", {}).get(name), t.get("new", {}).get(name)
             if not k or not n:
                 continue
@@ -893,7 +895,7 @@ backend be
         L.append("")
         if t.get("idle"):
             L.append(f"Idle TLS connections: {self.tls_idle}, each after its handshake and one fenced POST, then idle "
-                     f"(fencegate holds three descriptors per TLS connection; the open-file limit was {self.nofile}).\n")
+                     f"(the open-file limit was {self.nofile}).\n")
             L.append("| | PSS before | PSS with connections | RSS with connections | per connection |")
             L.append("|---|---:|---:|---:|---:|")
             for name, v in t["idle"].items():

@@ -254,7 +254,8 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
   if (rq.expect_continue) {
     static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     arm(cfg.body_timeout);
-    co_await net::async_write(client_, net::buffer(kContinue), net::redirect_error(use_task, ec));
+    if (ssl_) co_await tls_write(std::array{net::const_buffer(net::buffer(kContinue))}, ec);
+    else co_await net::async_write(client_, net::buffer(kContinue), net::redirect_error(use_task, ec));
     if (settle(ec)) co_return false;
   }
 
@@ -335,7 +336,8 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
     exchange_over(fw);
     arm(cfg.body_timeout);
     std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
-    if (!co_await send_soon(client_, b, ec) && !ec)
+    if (ssl_) co_await tls_write(b, ec);
+    else if (!co_await send_soon(client_, b, ec) && !ec)
       co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
     if (settle(ec)) co_return false;
   } else if (fw.body == ResponseBody::length) {
@@ -452,7 +454,9 @@ task<bool> Session::relay_interim(Forwarding& fw) {
       boost::system::error_code ec;
       arm(cfg().body_timeout);
       std::array<net::const_buffer, 1> b{net::buffer(sc_->out)};
-      if (!send_now(client_, b, ec) && !ec) co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+      if (ssl_) co_await tls_write(b, ec);
+      else if (!send_now(client_, b, ec) && !ec)
+        co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
       if (settle(ec) && !client_went(fw)) {
         waiting_up_ = nullptr;
         fw.ex->release();
@@ -581,7 +585,8 @@ task<std::optional<bool>> Session::relay_length_body(Forwarding& fw) {
     if (!head_sent || n) {
       if (!fw.client_gone) {
         arm(cfg().body_timeout);
-        if (!co_await send_soon(client_, b, ec) && !ec)
+        if (ssl_) co_await tls_write(b, ec);
+        else if (!co_await send_soon(client_, b, ec) && !ec)
           co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
         if (settle(ec) && !client_went(fw)) co_return false;
       }
@@ -633,7 +638,8 @@ task<std::optional<bool>> Session::relay_chunked_body(Forwarding& fw) {
     if (!head_sent || total || (done && fw.chunk_out)) {
       if (!fw.client_gone) {
         arm(cfg().body_timeout);
-        if (!co_await send_soon(client_, gather, ec) && !ec)
+        if (ssl_) co_await tls_write(gather, ec);
+        else if (!co_await send_soon(client_, gather, ec) && !ec)
           co_await net::async_write(client_, gather, net::redirect_error(use_task, ec));
         if (settle(ec) && !client_went(fw)) co_return false;
       }

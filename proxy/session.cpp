@@ -85,9 +85,14 @@ task<bool> Session::run(bool woken) {
       if (hot && sc_->in.empty() && w_.hot_idle >= kMaxHotIdle) hot = false;
       if (sc_->in.empty() && !hot) {
         // Idle with nothing buffered: park, holding no buffers, until bytes arrive. The
-        // deadline (idle or head timeout) stays armed for the watchdog.
-        shed();
-        co_return true;
+        // deadline (idle or head timeout) stays armed for the watchdog. Bytes OpenSSL holds
+        // (a pipelined request read with the last one) would wake no one: read them now.
+        if (tls_buffered()) {
+          hot = true;
+        } else {
+          shed();
+          co_return true;
+        }
       }
       std::size_t room =
           std::min<std::size_t>(cfg().max_header_bytes + 4 - sc_->in.size(), !sc_->in.empty() ? 16384 : 4096);
@@ -102,16 +107,19 @@ task<bool> Session::run(bool woken) {
       // one request and its EOF together (their epoll edges merged) is closed at once. From the
       // second answer on, a connection is taken to be kept alive; if it then stays idle past a
       // watchdog tick, the watchdog has the read try after all (probe).
-      const bool trust = sc_->in.empty() && answered >= 2 && !probe;
+      // (A TLS read always tries OpenSSL first: the mark is about the socket, not its records.)
+      const bool trust = !ssl_ && sc_->in.empty() && answered >= 2 && !probe;
       if (!trust) readiness::unknown(client_);
       read_waits_on_mark_ = trust;
       probe = false;
       const std::size_t asked = std::max<std::size_t>(room, 1);
-      std::size_t n = co_await client_.async_read_some(sc_->in.prepare(asked), net::redirect_error(use_task, ec));
+      std::size_t n = 0;
+      if (ssl_) n = co_await tls_read(sc_->in.prepare(asked), ec);
+      else n = co_await client_.async_read_some(sc_->in.prepare(asked), net::redirect_error(use_task, ec));
       read_waits_on_mark_ = false;
       const bool probed = read_cancelled_to_probe_;
       read_cancelled_to_probe_ = false;
-      if (!ec) readiness::drained(client_, n, asked);
+      if (!ec && !ssl_) readiness::drained(client_, n, asked);
       w_.hot_idle -= idle_wait;
       sc_->in.commit(n);
       cold_at_ = Clock::time_point::max();
@@ -143,7 +151,8 @@ task<bool> Session::run(bool woken) {
     if (state < 0) {  // the refusal is in sc_->out; the connection closes after it
       timed_out_ = false;
       arm(cfg().body_timeout);
-      co_await net::async_write(client_, net::buffer(sc_->out), net::redirect_error(use_task, ec));
+      if (ssl_) co_await tls_write(std::array{net::const_buffer(net::buffer(sc_->out))}, ec);
+      else co_await net::async_write(client_, net::buffer(sc_->out), net::redirect_error(use_task, ec));
       disarm();
     }
     if (state <= 0) break;
@@ -161,6 +170,7 @@ task<bool> Session::run(bool woken) {
     if (answered < 2) ++answered;
   }
   disarm();
+  tls_close();
   client_.shutdown(tcp::socket::shutdown_send, ec);
   client_.close(ec);
   co_return false;
@@ -185,9 +195,14 @@ void Session::request_failed(const std::exception& e) {
 task<boost::system::error_code> Session::read_client(std::size_t want, std::chrono::milliseconds timeout) {
   arm(timeout);
   boost::system::error_code ec;
-  readiness::unknown(client_);  // body reads try first: a client that left is seen at once
-  std::size_t n = co_await client_.async_read_some(sc_->in.prepare(want), net::redirect_error(use_task, ec));
-  if (!ec) readiness::drained(client_, n, want);
+  std::size_t n = 0;
+  if (ssl_) {
+    n = co_await tls_read(sc_->in.prepare(want), ec);
+  } else {
+    readiness::unknown(client_);  // body reads try first: a client that left is seen at once
+    n = co_await client_.async_read_some(sc_->in.prepare(want), net::redirect_error(use_task, ec));
+    if (!ec) readiness::drained(client_, n, want);
+  }
   disarm();
   sc_->in.commit(n);
   if (timed_out_) ec = net::error::timed_out;
@@ -210,7 +225,8 @@ task<bool> Session::reply(const Problem& p, bool keep_alive, int version, const 
   timed_out_ = false;
   arm(cfg().body_timeout);
   boost::system::error_code ec;
-  co_await net::async_write(client_, net::buffer(r), net::redirect_error(use_task, ec));
+  if (ssl_) co_await tls_write(std::array{net::const_buffer(net::buffer(r))}, ec);
+  else co_await net::async_write(client_, net::buffer(r), net::redirect_error(use_task, ec));
   co_return !settle(ec) && keep_alive;
 }
 
@@ -221,6 +237,7 @@ task<void> Session::linger_close() {
   constexpr auto kLingerTime = std::chrono::seconds(2);
   constexpr std::uint64_t kLingerBytes = 16u << 20;
   boost::system::error_code ec;
+  tls_close();
   client_.shutdown(tcp::socket::shutdown_send, ec);
   if (ec) co_return;
   const auto until = Clock::now() + kLingerTime;
@@ -267,6 +284,7 @@ bool Session::body_abandoned(const Framing& fr, std::size_t head_len) {
   if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return false;
   if (ti.tcpi_state == TCP_CLOSE) return true;  // reset: no one to complete it or read an answer
   if (ti.tcpi_state != TCP_CLOSE_WAIT) return false;  // still connected: it may send the rest
+  if (ssl_) return false;  // the kernel's queue holds records, not body bytes: relayed as usual
   int queued = 0;
   if (::ioctl(fd, FIONREAD, &queued) != 0 || queued < 0) return false;
   readiness::unknown(client_);

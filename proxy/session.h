@@ -12,9 +12,12 @@
 #include <unistd.h>
 
 #include <mutex>
+#include <span>
 
 #include "proxy/idempotency.h"
 #include "proxy/worker.h"
+
+struct ssl_st;  // OpenSSL's SSL, used only in session_tls.cpp
 
 namespace fencegate::proxy {
 
@@ -93,6 +96,7 @@ class Session {
     w_.sessions = this;
   }
   ~Session() {
+    if (ssl_) tls_end();
     if (parked_fd_ >= 0) {
       ::epoll_ctl(w_.parked.native_handle(), EPOLL_CTL_DEL, parked_fd_, nullptr);
       ::close(parked_fd_);
@@ -105,13 +109,12 @@ class Session {
     rt_.metrics.open_connections.fetch_sub(1, std::memory_order_relaxed);
   }
 
-  // TLS (issue 27, proxy/tls_listener.cpp): a connection the terminator hands over on a
-  // socketpair. The peer's address and its verified identity come from the terminator in process,
-  // never from bytes on the connection. Call before count_client() and start().
-  void set_tls_peer(std::string ip, std::uint16_t port, bool v6, std::string identity) {
-    client_ip_ = std::move(ip);
-    client_port_ = port;
-    client_v6_ = v6;
+  // TLS (issue 27, proxy/tls_listener.cpp, session_tls.cpp): the listener hands over a client
+  // connection whose handshake is done; the session then reads and writes through `ssl` (which
+  // it owns from here) on its own socket. `identity`: the verified client certificate's, from the
+  // handshake in process, never from bytes on the connection. Call before start().
+  void set_tls(ssl_st* ssl, std::string identity) {
+    ssl_ = ssl;
     client_identity_ = std::move(identity);
   }
 
@@ -331,6 +334,16 @@ class Session {
   // Reads some bytes from the client into sc_->in under `timeout`. Returns the error (the watchdog's
   // cancellation shows up as timed_out_).
   task<boost::system::error_code> read_client(std::size_t want, std::chrono::milliseconds timeout);
+  // TLS in the session (session_tls.cpp). tls_read: some decrypted bytes (0 and *ec at the end,
+  // on an error, or when the watchdog cancels the wait). tls_write: all of `bufs`, in records of
+  // at most 16 KiB. tls_close: close_notify, once, before the descriptor closes (never blocks).
+  // tls_buffered: OpenSSL holds bytes the socket's readiness will not announce. tls_end: the
+  // session goes (close_notify if the descriptor is still open; the SSL freed).
+  task<std::size_t> tls_read(net::mutable_buffer b, boost::system::error_code& ec);
+  task<void> tls_write(std::span<const net::const_buffer> bufs, boost::system::error_code& ec);
+  void tls_close();
+  bool tls_buffered() const;
+  void tls_end();
 
   const config::Config& cfg() const { return *snap_->cfg; }
   void count(const std::string& resource, Outcome o) {
@@ -348,6 +361,9 @@ class Session {
   std::uint16_t client_port_ = 0;
   bool client_v6_ = false;
   std::string client_identity_;  // TLS (issue 27): the verified client certificate's identity, or ""
+  ssl_st* ssl_ = nullptr;          // TLS (issue 27): the connection's OpenSSL state (owned), or null
+  bool tls_done_ = false;          // close_notify sent, or the connection broke: no more records out
+  bool tls_broken_ = false;        // an OpenSSL call failed for good: no more records either way
   bool per_client_counted_ = false;  // counted in st_.per_client (max_connections_per_client)
   Clock::time_point deadline_ = Clock::time_point::max();
   bool timed_out_ = false;

@@ -1,14 +1,13 @@
-// TLS on the data listener (issue 27, docs/tls.md): the terminator in front of the sessions.
+// TLS on the data listener (issue 27, docs/tls.md): the handshake in front of the sessions.
 //
 // When `tls` is configured, each accepted connection goes here (on its worker's thread) instead of
 // straight to a Session: the TLS handshake runs under header_timeout_ms (a stalled handshake holds
 // no one else up: each is its own coroutine on the worker), plain HTTP sent to the port gets a
 // short plaintext 400 and a close, and failures are counted
 // (fencegate_tls_handshake_failures_total{reason}) and logged at most once per peer address and
-// 10 s. After the handshake the terminator makes a socketpair, starts an ordinary Session on one
-// end, told the real peer address and the verified client identity in process (so no byte from
-// the network can claim one), and pumps bytes between the TLS connection and the other end:
-// OpenSSL straight on the client's non-blocking socket, buffers taken only while bytes flow.
+// 10 s. After the handshake the connection becomes an ordinary Session, which reads and writes
+// its records itself (session_tls.cpp) on the client's own socket, told the verified client
+// identity in process (so no byte from the network can claim one).
 //
 // The SSL_CTX is built at start and on each reload (reload(): a certificate that does not load
 // keeps the old context, and the reload fails saying why); connections already open keep theirs.
