@@ -107,14 +107,14 @@ task<bool> Session::run(bool woken) {
       // one request and its EOF together (their epoll edges merged) is closed at once. From the
       // second answer on, a connection is taken to be kept alive; if it then stays idle past a
       // watchdog tick, the watchdog has the read try after all (probe).
-      // (A TLS read always tries OpenSSL first: the mark is about the socket, not its records.)
-      const bool trust = !ssl_ && sc_->in.empty() && answered >= 2 && !probe;
+      // On TLS the rule holds for the socket under the records, while OpenSSL holds none.
+      const bool trust = sc_->in.empty() && answered >= 2 && !probe && !tls_buffered();
       if (!trust) readiness::unknown(client_);
       read_waits_on_mark_ = trust;
       probe = false;
       const std::size_t asked = std::max<std::size_t>(room, 1);
       std::size_t n = 0;
-      if (ssl_) n = co_await tls_read(sc_->in.prepare(asked), ec);
+      if (ssl_) n = co_await tls_read(sc_->in.prepare(asked), ec, trust);
       else n = co_await client_.async_read_some(sc_->in.prepare(asked), net::redirect_error(use_task, ec));
       read_waits_on_mark_ = false;
       const bool probed = read_cancelled_to_probe_;

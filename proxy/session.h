@@ -113,10 +113,16 @@ class Session {
   // connection whose handshake is done; the session then reads and writes through `ssl` (which
   // it owns from here) on its own socket. `identity`: the verified client certificate's, from the
   // handshake in process, never from bytes on the connection. Call before start().
-  void set_tls(ssl_st* ssl, std::string identity) {
-    ssl_ = ssl;
-    client_identity_ = std::move(identity);
-  }
+  // False if OpenSSL could not take the session's BIO (the caller drops the session).
+  bool set_tls(ssl_st* ssl, std::string identity);
+  // What the session's BIO (session_tls.cpp) works with: the client's descriptor, where a write
+  // goes while a tls_write encrypts (appended there, sent after through the batched send path;
+  // else straight to the socket), and whether the last recv() left the socket drained.
+  struct TlsIo {
+    int fd = -1;
+    std::string* capture = nullptr;
+    bool drained = false;
+  };
 
   // max_connections_per_client: counts this connection against its client address. Returns
   // false (and counts nothing) when the address is at the limit: the caller then drops the
@@ -334,12 +340,15 @@ class Session {
   // Reads some bytes from the client into sc_->in under `timeout`. Returns the error (the watchdog's
   // cancellation shows up as timed_out_).
   task<boost::system::error_code> read_client(std::size_t want, std::chrono::milliseconds timeout);
-  // TLS in the session (session_tls.cpp). tls_read: some decrypted bytes (0 and *ec at the end,
-  // on an error, or when the watchdog cancels the wait). tls_write: all of `bufs`, in records of
-  // at most 16 KiB. tls_close: close_notify, once, before the descriptor closes (never blocks).
-  // tls_buffered: OpenSSL holds bytes the socket's readiness will not announce. tls_end: the
-  // session goes (close_notify if the descriptor is still open; the SSL freed).
-  task<std::size_t> tls_read(net::mutable_buffer b, boost::system::error_code& ec);
+  // TLS in the session (session_tls.cpp).
+  // tls_read: some decrypted bytes (0 and *ec at the end, on an error, or when the watchdog
+  //   cancels the wait); `wait_first`: the caller trusts a drained mark (readiness.h), so while
+  //   the mark stands the read waits before asking OpenSSL.
+  // tls_write: all of `bufs`, in records of at most 16 KiB, through the batched send path.
+  // tls_close: close_notify, once, before the descriptor closes (never blocks).
+  // tls_buffered: OpenSSL holds bytes the socket's readiness will not announce.
+  // tls_end: the session goes (close_notify if the descriptor is still open; the SSL freed).
+  task<std::size_t> tls_read(net::mutable_buffer b, boost::system::error_code& ec, bool wait_first = false);
   task<void> tls_write(std::span<const net::const_buffer> bufs, boost::system::error_code& ec);
   void tls_close();
   bool tls_buffered() const;
@@ -354,27 +363,28 @@ class Session {
   Runtime& rt_;
   Worker& w_;
   Socket client_;
-  std::unique_ptr<Scratch> sc_;           // while the connection is not parked
-  std::uint64_t snap_version_ = 0;        // read before snap_: a newer install is never missed
+  std::unique_ptr<Scratch> sc_;  // while the connection is not parked
+  std::uint64_t snap_version_ = 0;  // read before snap_: a newer install is never missed
   std::shared_ptr<const Snapshot> snap_;  // the config this request runs under
   std::string client_ip_;
   std::uint16_t client_port_ = 0;
   bool client_v6_ = false;
   std::string client_identity_;  // TLS (issue 27): the verified client certificate's identity, or ""
-  ssl_st* ssl_ = nullptr;          // TLS (issue 27): the connection's OpenSSL state (owned), or null
-  bool tls_done_ = false;          // close_notify sent, or the connection broke: no more records out
-  bool tls_broken_ = false;        // an OpenSSL call failed for good: no more records either way
+  ssl_st* ssl_ = nullptr;  // TLS (issue 27): the connection's OpenSSL state (owned), or null
+  bool tls_done_ = false;  // close_notify sent, or the connection broke: no more records out
+  bool tls_broken_ = false;  // an OpenSSL call failed for good: no more records either way
+  TlsIo tls_io_;  // the session's BIO's state (TLS only)
   bool per_client_counted_ = false;  // counted in st_.per_client (max_connections_per_client)
   Clock::time_point deadline_ = Clock::time_point::max();
   bool timed_out_ = false;
   Clock::time_point cold_at_ = Clock::time_point::max();  // a hot idle read gives up its buffer then
   bool read_cancelled_to_go_cold_ = false;  // ... and the watchdog cancelled that read for it
-  bool read_waits_on_mark_ = false;         // an idle read waits on a short read's mark (readiness.h), not a recv()
-  bool read_cancelled_to_probe_ = false;    // ... and the watchdog cancelled it to try the read after all
-  UpConn* waiting_up_ = nullptr;          // the upstream connection in use, for the watchdog
-  Exchange* sending_ = nullptr;           // issue 33: the exchange forward() sends (fleet_allows_send)
-  bool prompt_ = false;                   // this request waited on another thread: read its answer promptly
-  int parked_fd_ = -1;                    // the client's descriptor while parked (client_ is empty)
+  bool read_waits_on_mark_ = false;  // an idle read waits on a short read's mark (readiness.h), not a recv()
+  bool read_cancelled_to_probe_ = false;  // ... and the watchdog cancelled it to try the read after all
+  UpConn* waiting_up_ = nullptr;  // the upstream connection in use, for the watchdog
+  Exchange* sending_ = nullptr;  // issue 33: the exchange forward() sends (fleet_allows_send)
+  bool prompt_ = false;  // this request waited on another thread: read its answer promptly
+  int parked_fd_ = -1;  // the client's descriptor while parked (client_ is empty)
   Session* prev_ = nullptr;
   Session* next_ = nullptr;
 };

@@ -1,19 +1,29 @@
 // TLS in the session (issue 27): a TLS client connection's records are read and written by the
-// session itself, with OpenSSL straight on the client's non-blocking socket. The handshake ran
-// before (tls_listener.cpp); from then on a request costs the system calls a plain one does
-// (a recv for the request, a send for the answer), not the four more of a hop through a
-// socketpair to a separate terminator.
+// session itself, on the client's non-blocking socket. The handshake ran before
+// (tls_listener.cpp); from then on a request costs the system calls a plain one does, not the
+// four more of a hop through a socketpair to a separate terminator.
+//
+// OpenSSL talks to the socket through the session's own BIO (below): a read is a recv() that
+// also tells whether it drained the socket, so the read for the next request can wait for
+// readiness without a recv() that fails (readiness.h's rule, as on plain connections); a write
+// made while tls_write encrypts is appended to the session's scratch and goes out through the
+// worker's batched send path (one io_uring submission per reactor pass, as plain answers do).
+// Other writes (close_notify, an alert, a key update's answer) go straight to the socket.
 //
 // A want-read or want-write waits for the socket's readiness with the session's own socket, so
 // the watchdog's cancellations (deadlines, the hot read going cold) end a TLS wait as they end a
-// plain read. A wait only ever follows an OpenSSL call that found the socket drained (EAGAIN),
-// so the edge-triggered reactor always has an edge to come.
+// plain read. A wait follows an OpenSSL call that found the socket drained (EAGAIN), or a mark
+// that no edge has undone since, so the edge-triggered reactor always has an edge to come (and
+// the watchdog's probe covers what the mark's rule cannot see, as for plain reads).
+#include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
 
+#include "proxy/readiness.h"
 #include "proxy/session.h"
 
 namespace fencegate::proxy {
@@ -36,20 +46,111 @@ boost::system::error_code tls_error(int e) {
   return net::error::connection_reset;
 }
 
+// The session's BIO: its data is the session's TlsIo.
+Session::TlsIo& io_of(BIO* b) { return *static_cast<Session::TlsIo*>(BIO_get_data(b)); }
+
+int bio_read(BIO* b, char* data, std::size_t len, std::size_t* got) {
+  Session::TlsIo& io = io_of(b);
+  BIO_clear_retry_flags(b);
+  ssize_t n;
+  do n = ::recv(io.fd, data, len, 0);
+  while (n < 0 && errno == EINTR);
+  if (n > 0) {
+    io.drained = static_cast<std::size_t>(n) < len;  // a full buffer may leave more
+    *got = static_cast<std::size_t>(n);
+    return 1;
+  }
+  io.drained = false;
+  if (n == 0) {
+    BIO_set_flags(b, BIO_FLAGS_IN_EOF);
+  } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    io.drained = true;
+    BIO_set_retry_read(b);
+  }
+  return 0;
+}
+
+int bio_write(BIO* b, const char* data, std::size_t len, std::size_t* put) {
+  Session::TlsIo& io = io_of(b);
+  BIO_clear_retry_flags(b);
+  if (io.capture) {
+    io.capture->append(data, len);
+    *put = len;
+    return 1;
+  }
+  ssize_t n;
+  do n = ::send(io.fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  if (n >= 0) {
+    *put = static_cast<std::size_t>(n);
+    return 1;
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK) BIO_set_retry_write(b);
+  return 0;
+}
+
+long bio_ctrl(BIO* b, int cmd, long /*num*/, void* ptr) {
+  switch (cmd) {
+    case BIO_CTRL_FLUSH: return 1;  // nothing is held here
+    case BIO_CTRL_EOF: return BIO_test_flags(b, BIO_FLAGS_IN_EOF) != 0 ? 1 : 0;
+    case BIO_C_GET_FD:
+      if (ptr) *static_cast<int*>(ptr) = io_of(b).fd;
+      return io_of(b).fd;
+    default: return 0;
+  }
+}
+
+const BIO_METHOD* session_bio() {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "fencegate session");
+    if (!m) return m;
+    BIO_meth_set_read_ex(m, bio_read);
+    BIO_meth_set_write_ex(m, bio_write);
+    BIO_meth_set_ctrl(m, bio_ctrl);
+    BIO_meth_set_create(m, [](BIO* b) {
+      BIO_set_init(b, 1);
+      return 1;
+    });
+    return m;
+  }();
+  return method;
+}
+
 }  // namespace
 
-task<std::size_t> Session::tls_read(net::mutable_buffer b, boost::system::error_code& ec) {
+bool Session::set_tls(ssl_st* ssl, std::string identity) {
+  ssl_ = ssl;
+  client_identity_ = std::move(identity);
+  tls_io_.fd = client_.native_handle();
+  const BIO_METHOD* m = session_bio();
+  BIO* b = m ? BIO_new(m) : nullptr;
+  if (!b) return false;
+  BIO_set_data(b, &tls_io_);
+  SSL_set_bio(ssl_, b, b);  // one reference for both directions; the handshake's socket BIO goes
+  return true;
+}
+
+task<std::size_t> Session::tls_read(net::mutable_buffer b, boost::system::error_code& ec, bool wait_first) {
   ec.clear();
   if (tls_broken_) {
     ec = net::error::connection_reset;
     co_return 0;
+  }
+  if (wait_first && !readiness::maybe_ready(client_)) {
+    co_await client_.async_wait(tcp::socket::wait_read, net::redirect_error(use_task, ec));
+    if (ec) co_return 0;  // cancelled: the watchdog's probe, a deadline, going cold
   }
   for (;;) {
     ERR_clear_error();
     errno = 0;
     std::size_t n = 0;
     const int r = SSL_read_ex(ssl_, b.data(), b.size(), &n);
-    if (r == 1) co_return n;
+    if (r == 1) {
+      // The recv() behind it drained the socket: mark it, at once (readiness.h), so that the read
+      // for the next request may wait for the edge instead of failing a recv() first.
+      if (tls_io_.drained) readiness::mark_empty(client_);
+      co_return n;
+    }
     const int e = SSL_get_error(ssl_, r);
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
       co_await client_.async_wait(e == SSL_ERROR_WANT_WRITE ? tcp::socket::wait_write : tcp::socket::wait_read,
@@ -70,9 +171,13 @@ task<void> Session::tls_write(std::span<const net::const_buffer> bufs, boost::sy
     co_return;
   }
   std::string& stage = sc_->tls_out;
+  std::string& wire = sc_->tls_wire;
+  wire.clear();
+  // Encrypts it all into `wire` (the BIO appends there: no write can block), a record per 16 KiB
+  // gathered: a head and its body go as one record.
+  tls_io_.capture = &wire;
   std::size_t piece = 0, off = 0;  // the next byte to gather: bufs[piece], at off
   for (;;) {
-    // Gathers up to one record's worth: a head and its body go as one record, one send.
     stage.clear();
     while (piece < bufs.size() && stage.size() < kRecord) {
       const auto* p = static_cast<const char*>(bufs[piece].data());
@@ -84,30 +189,27 @@ task<void> Session::tls_write(std::span<const net::const_buffer> bufs, boost::sy
         off = 0;
       }
     }
-    if (stage.empty()) co_return;
-    for (std::size_t sent = 0; sent < stage.size();) {
-      ERR_clear_error();
-      errno = 0;
-      std::size_t n = 0;
-      const int r = SSL_write_ex(ssl_, stage.data() + sent, stage.size() - sent, &n);
-      if (r == 1) {
-        sent += n;
-        continue;
-      }
-      const int e = SSL_get_error(ssl_, r);
-      if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) {
-        // The stage stays put across the wait: it is this session's (its Scratch).
-        co_await client_.async_wait(e == SSL_ERROR_WANT_READ ? tcp::socket::wait_read : tcp::socket::wait_write,
-                                    net::redirect_error(use_task, ec));
-        if (ec) co_return;
-        continue;
-      }
-      ec = tls_error(e);
+    if (stage.empty()) break;
+    ERR_clear_error();
+    errno = 0;
+    std::size_t n = 0;
+    const int r = SSL_write_ex(ssl_, stage.data(), stage.size(), &n);
+    if (r != 1 || n != stage.size()) {
+      tls_io_.capture = nullptr;
+      ec = tls_error(SSL_get_error(ssl_, r));
       if (!ec || ec == net::error::eof) ec = net::error::broken_pipe;
       tls_broken_ = tls_done_ = true;
       co_return;
     }
   }
+  tls_io_.capture = nullptr;
+  if (wire.empty()) co_return;
+  // The records go with the pass's other sends; what the socket does not take at once, through
+  // Asio. `wire` stays put meanwhile: it is this session's (its Scratch).
+  std::array<net::const_buffer, 1> out{net::buffer(wire)};
+  if (!co_await send_soon(client_, out, ec) && !ec)
+    co_await net::async_write(client_, out, net::redirect_error(use_task, ec));
+  if (ec) tls_broken_ = tls_done_ = true;  // records lost midway: a close_notify after them would not parse
 }
 
 void Session::tls_close() {

@@ -146,7 +146,10 @@ task<void> run_connection(std::shared_ptr<Conn> c, std::shared_ptr<const TlsCont
   // From here the Session reads and writes the connection, and counts it (its destructor
   // uncounts it).
   auto s = std::make_unique<Session>(c->st, c->w, std::move(c->sock));
-  s->set_tls(std::exchange(c->ssl, nullptr), std::move(identity));
+  if (!s->set_tls(std::exchange(c->ssl, nullptr), std::move(identity))) {
+    log::warn("TLS: no memory for the connection's BIO; connection closed");
+    co_return;
+  }
   if (!s->count_client()) {
     c->st.rt.metrics.connections_refused_per_client.fetch_add(1, std::memory_order_relaxed);
     co_return;  // dropping the session closes the connection (close_notify first)

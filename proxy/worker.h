@@ -92,8 +92,9 @@ struct Scratch {
   // nullptr) and OpenSSL's words for it, for upstream_failed().
   const char* tls_failure = nullptr;
   std::string tls_detail;
-  // TLS from the client (issue 27, session_tls.cpp): a write's pieces gathered into one record.
-  std::string tls_out;
+  // TLS from the client (issue 27, session_tls.cpp): a write's pieces gathered into one record,
+  // and the records made of them, waiting for the batched send.
+  std::string tls_out, tls_wire;
 };
 
 // The result of the last lookup by name, kept: nearly every request of a worker goes to the
