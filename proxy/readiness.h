@@ -76,17 +76,6 @@ void set_try(Sock& s, bool on) {
   (void)s, (void)on;  // another Boost or reactor: reads keep trying first
 #endif
 }
-// Whether the next read on `s` tries at once (no mark, or an edge came since the mark).
-template <class Sock>
-bool get_try(Sock& s) {
-#ifdef FENCEGATE_READINESS
-  State* st = (s.*ImplOf<Sock>::impl()).get_implementation().reactor_data_;
-  return !st || (st->*member(SpecTag{}))[Reactor::read_op];
-#else
-  (void)s;
-  return true;
-#endif
-}
 }  // namespace detail
 
 // Records that `s`'s receive queue is empty right now (a peek just found nothing, not even an
@@ -110,14 +99,6 @@ void drained(Sock& s, std::size_t got, std::size_t asked) {
 template <class Sock>
 void unknown(Sock& s) {
   detail::set_try(s, true);
-}
-
-// False iff a mark says `s`'s receive queue is empty and no edge has come since: a wait for
-// readiness is then as good as a read that tries first, without the read's failing recv(). For
-// reads Asio does not make (TLS records, read by OpenSSL: session_tls.cpp).
-template <class Sock>
-bool maybe_ready(Sock& s) {
-  return detail::get_try(s);
 }
 
 // True iff the marks take effect in this build.

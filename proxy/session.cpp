@@ -114,7 +114,7 @@ task<bool> Session::run(bool woken) {
       probe = false;
       const std::size_t asked = std::max<std::size_t>(room, 1);
       std::size_t n = 0;
-      if (ssl_) n = co_await tls_read(sc_->in.prepare(asked), ec, trust);
+      if (ssl_) n = co_await tls_read(sc_->in.prepare(asked), ec);
       else n = co_await client_.async_read_some(sc_->in.prepare(asked), net::redirect_error(use_task, ec));
       read_waits_on_mark_ = false;
       const bool probed = read_cancelled_to_probe_;
@@ -196,10 +196,10 @@ task<boost::system::error_code> Session::read_client(std::size_t want, std::chro
   arm(timeout);
   boost::system::error_code ec;
   std::size_t n = 0;
+  readiness::unknown(client_);  // body reads try first: a client that left is seen at once
   if (ssl_) {
     n = co_await tls_read(sc_->in.prepare(want), ec);
   } else {
-    readiness::unknown(client_);  // body reads try first: a client that left is seen at once
     n = co_await client_.async_read_some(sc_->in.prepare(want), net::redirect_error(use_task, ec));
     if (!ec) readiness::drained(client_, n, want);
   }

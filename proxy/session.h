@@ -117,11 +117,13 @@ class Session {
   bool set_tls(ssl_st* ssl, std::string identity);
   // What the session's BIO (session_tls.cpp) works with: the client's descriptor, where a write
   // goes while a tls_write encrypts (appended there, sent after through the batched send path;
-  // else straight to the socket), and whether the last recv() left the socket drained.
+  // else straight to the socket), the records read from the socket and not yet taken by OpenSSL
+  // (in the Scratch: null while parked), and whether the socket reached its end.
   struct TlsIo {
     int fd = -1;
     std::string* capture = nullptr;
-    bool drained = false;
+    ByteBuf* in = nullptr;
+    bool eof = false;
   };
 
   // max_connections_per_client: counts this connection against its client address. Returns
@@ -342,13 +344,14 @@ class Session {
   task<boost::system::error_code> read_client(std::size_t want, std::chrono::milliseconds timeout);
   // TLS in the session (session_tls.cpp).
   // tls_read: some decrypted bytes (0 and *ec at the end, on an error, or when the watchdog
-  //   cancels the wait); `wait_first`: the caller trusts a drained mark (readiness.h), so while
-  //   the mark stands the read waits before asking OpenSSL.
+  //   cancels the wait). The records come through Asio's read, as plain bytes do (readiness.h's
+  //   marks apply: set them before, as for a plain read).
   // tls_write: all of `bufs`, in records of at most 16 KiB, through the batched send path.
   // tls_close: close_notify, once, before the descriptor closes (never blocks).
-  // tls_buffered: OpenSSL holds bytes the socket's readiness will not announce.
+  // tls_buffered: records read and not yet decrypted, or decrypted and not yet taken: bytes the
+  //   socket's readiness will not announce.
   // tls_end: the session goes (close_notify if the descriptor is still open; the SSL freed).
-  task<std::size_t> tls_read(net::mutable_buffer b, boost::system::error_code& ec, bool wait_first = false);
+  task<std::size_t> tls_read(net::mutable_buffer b, boost::system::error_code& ec);
   task<void> tls_write(std::span<const net::const_buffer> bufs, boost::system::error_code& ec);
   void tls_close();
   bool tls_buffered() const;

@@ -3,18 +3,16 @@
 // (tls_listener.cpp); from then on a request costs the system calls a plain one does, not the
 // four more of a hop through a socketpair to a separate terminator.
 //
-// OpenSSL talks to the socket through the session's own BIO (below): a read is a recv() that
-// also tells whether it drained the socket, so the read for the next request can wait for
-// readiness without a recv() that fails (readiness.h's rule, as on plain connections); a write
-// made while tls_write encrypts is appended to the session's scratch and goes out through the
+// OpenSSL talks to the socket through the session's own BIO (below). Reads: the records come
+// in through Asio's read on the session's socket, as a plain request's bytes do (a read tries
+// at once unless readiness.h's mark says the socket is drained, and a wait costs no system
+// call of its own), into the session's scratch, where the BIO hands them to OpenSSL. Writes
+// made while tls_write encrypts are appended to the session's scratch and go out through the
 // worker's batched send path (one io_uring submission per reactor pass, as plain answers do).
 // Other writes (close_notify, an alert, a key update's answer) go straight to the socket.
 //
-// A want-read or want-write waits for the socket's readiness with the session's own socket, so
-// the watchdog's cancellations (deadlines, the hot read going cold) end a TLS wait as they end a
-// plain read. A wait follows an OpenSSL call that found the socket drained (EAGAIN), or a mark
-// that no edge has undone since, so the edge-triggered reactor always has an edge to come (and
-// the watchdog's probe covers what the mark's rule cannot see, as for plain reads).
+// Every wait is on the session's own socket, so the watchdog's cancellations (deadlines, the
+// hot read going cold, the probe of a trusted mark) end a TLS wait as they end a plain read.
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -22,6 +20,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "proxy/readiness.h"
 #include "proxy/session.h"
@@ -49,24 +48,22 @@ boost::system::error_code tls_error(int e) {
 // The session's BIO: its data is the session's TlsIo.
 Session::TlsIo& io_of(BIO* b) { return *static_cast<Session::TlsIo*>(BIO_get_data(b)); }
 
+// Records read from the socket (tls_read reads them); none: retry once more have come.
 int bio_read(BIO* b, char* data, std::size_t len, std::size_t* got) {
   Session::TlsIo& io = io_of(b);
   BIO_clear_retry_flags(b);
-  ssize_t n;
-  do n = ::recv(io.fd, data, len, 0);
-  while (n < 0 && errno == EINTR);
-  if (n > 0) {
-    io.drained = static_cast<std::size_t>(n) < len;  // a full buffer may leave more
-    *got = static_cast<std::size_t>(n);
+  if (io.in && !io.in->empty()) {
+    const std::size_t n = std::min(len, io.in->size());
+    std::memcpy(data, io.in->view().data(), n);
+    io.in->consume(n);
+    *got = n;
     return 1;
   }
-  io.drained = false;
-  if (n == 0) {
+  if (io.eof) {
     BIO_set_flags(b, BIO_FLAGS_IN_EOF);
-  } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-    io.drained = true;
-    BIO_set_retry_read(b);
+    return 0;
   }
+  BIO_set_retry_read(b);
   return 0;
 }
 
@@ -93,6 +90,7 @@ long bio_ctrl(BIO* b, int cmd, long /*num*/, void* ptr) {
   switch (cmd) {
     case BIO_CTRL_FLUSH: return 1;  // nothing is held here
     case BIO_CTRL_EOF: return BIO_test_flags(b, BIO_FLAGS_IN_EOF) != 0 ? 1 : 0;
+    case BIO_CTRL_PENDING: return io_of(b).in ? static_cast<long>(io_of(b).in->size()) : 0;
     case BIO_C_GET_FD:
       if (ptr) *static_cast<int*>(ptr) = io_of(b).fd;
       return io_of(b).fd;
@@ -130,32 +128,43 @@ bool Session::set_tls(ssl_st* ssl, std::string identity) {
   return true;
 }
 
-task<std::size_t> Session::tls_read(net::mutable_buffer b, boost::system::error_code& ec, bool wait_first) {
+task<std::size_t> Session::tls_read(net::mutable_buffer b, boost::system::error_code& ec) {
   ec.clear();
   if (tls_broken_) {
     ec = net::error::connection_reset;
     co_return 0;
   }
-  if (wait_first && !readiness::maybe_ready(client_)) {
-    co_await client_.async_wait(tcp::socket::wait_read, net::redirect_error(use_task, ec));
-    if (ec) co_return 0;  // cancelled: the watchdog's probe, a deadline, going cold
-  }
+  ByteBuf& records = sc_->tls_in;
+  // The BIO sees the records only while this runs: the Scratch goes when the session parks.
+  struct Lend {
+    TlsIo& io;
+    ~Lend() { io.in = nullptr; }
+  } lend{tls_io_};
+  tls_io_.in = &records;
   for (;;) {
     ERR_clear_error();
     errno = 0;
     std::size_t n = 0;
     const int r = SSL_read_ex(ssl_, b.data(), b.size(), &n);
-    if (r == 1) {
-      // The recv() behind it drained the socket: mark it, at once (readiness.h), so that the read
-      // for the next request may wait for the edge instead of failing a recv() first.
-      if (tls_io_.drained) readiness::mark_empty(client_);
-      co_return n;
-    }
+    if (r == 1) co_return n;
     const int e = SSL_get_error(ssl_, r);
-    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-      co_await client_.async_wait(e == SSL_ERROR_WANT_WRITE ? tcp::socket::wait_write : tcp::socket::wait_read,
-                                  net::redirect_error(use_task, ec));
-      if (ec) co_return 0;  // cancelled (a deadline, the hot wait going cold) or an error
+    if (e == SSL_ERROR_WANT_READ && !tls_io_.eof) {
+      // More records: Asio's read, trying at once unless the caller left a drained mark.
+      const net::mutable_buffer room = records.prepare(kRecord + 256);
+      const std::size_t got = co_await client_.async_read_some(room, net::redirect_error(use_task, ec));
+      if (ec == net::error::eof) {
+        tls_io_.eof = true;  // OpenSSL tells whether the client closed cleanly
+        ec.clear();
+        continue;
+      }
+      if (ec) co_return 0;  // cancelled (a deadline, the hot wait going cold, the probe) or an error
+      readiness::drained(client_, got, room.size());
+      records.commit(got);
+      continue;
+    }
+    if (e == SSL_ERROR_WANT_WRITE) {  // a key update's answer the socket did not take at once
+      co_await client_.async_wait(tcp::socket::wait_write, net::redirect_error(use_task, ec));
+      if (ec) co_return 0;
       continue;
     }
     ec = tls_error(e);
@@ -220,7 +229,7 @@ void Session::tls_close() {
   ERR_clear_error();
 }
 
-bool Session::tls_buffered() const { return ssl_ && SSL_has_pending(ssl_) == 1; }
+bool Session::tls_buffered() const { return ssl_ && (SSL_has_pending(ssl_) == 1 || (sc_ && !sc_->tls_in.empty())); }
 
 void Session::tls_end() {
   // The descriptor is still open while parked (parked_fd_) or while the socket is: only then may

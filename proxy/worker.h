@@ -93,8 +93,9 @@ struct Scratch {
   const char* tls_failure = nullptr;
   std::string tls_detail;
   // TLS from the client (issue 27, session_tls.cpp): a write's pieces gathered into one record,
-  // and the records made of them, waiting for the batched send.
+  // the records made of them, waiting for the batched send, and records read, not yet decrypted.
   std::string tls_out, tls_wire;
+  ByteBuf tls_in;
 };
 
 // The result of the last lookup by name, kept: nearly every request of a worker goes to the
@@ -176,6 +177,8 @@ struct Worker {
     if (!s || scratch.size() >= kScratchPool) return;
     s->in.consume(s->in.size());
     s->in.release();
+    s->tls_in.consume(s->tls_in.size());
+    s->tls_in.release();
     scratch.push_back(std::move(s));
   }
 
