@@ -116,9 +116,11 @@ task<bool> Session::idem_answer(RequestState& rq, std::string response, std::uin
   boost::system::error_code ec;
   // The batched send path (one io_uring submission per reactor pass), as forwarded answers go.
   std::array<net::const_buffer, 1> b{net::buffer(response)};
-  if (ssl_) co_await tls_write(b, ec);
-  else if (!co_await send_soon(client_, b, ec) && !ec)
+  if (ssl_ && !tls_seal(b, ec)) {
+    // broken: *ec says so
+  } else if (!co_await send_soon(client_, b, ec) && !ec) {
     co_await net::async_write(client_, b, net::redirect_error(use_task, ec));
+  }
   if (settle(ec)) co_return false;
   sc_->in.consume(rq.head_len + static_cast<std::size_t>(body_bytes));
   co_return rq.client_keep_alive;
@@ -184,8 +186,8 @@ task<std::optional<bool>> Session::idem_prepare(RequestState& rq, Exchange& ex, 
     static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
     arm(cfg().body_timeout);
     boost::system::error_code ec;
-    if (ssl_) co_await tls_write(std::array{net::const_buffer(net::buffer(kContinue))}, ec);
-    else co_await net::async_write(client_, net::buffer(kContinue), net::redirect_error(use_task, ec));
+    net::const_buffer one = net::buffer(kContinue);
+    if (!ssl_ || tls_seal({&one, 1}, ec)) co_await net::async_write(client_, one, net::redirect_error(use_task, ec));
     if (settle(ec)) {
       ex.release();
       co_return false;

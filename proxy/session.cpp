@@ -151,8 +151,8 @@ task<bool> Session::run(bool woken) {
     if (state < 0) {  // the refusal is in sc_->out; the connection closes after it
       timed_out_ = false;
       arm(cfg().body_timeout);
-      if (ssl_) co_await tls_write(std::array{net::const_buffer(net::buffer(sc_->out))}, ec);
-      else co_await net::async_write(client_, net::buffer(sc_->out), net::redirect_error(use_task, ec));
+      net::const_buffer one = net::buffer(sc_->out);
+      if (!ssl_ || tls_seal({&one, 1}, ec)) co_await net::async_write(client_, one, net::redirect_error(use_task, ec));
       disarm();
     }
     if (state <= 0) break;
@@ -225,8 +225,8 @@ task<bool> Session::reply(const Problem& p, bool keep_alive, int version, const 
   timed_out_ = false;
   arm(cfg().body_timeout);
   boost::system::error_code ec;
-  if (ssl_) co_await tls_write(std::array{net::const_buffer(net::buffer(r))}, ec);
-  else co_await net::async_write(client_, net::buffer(r), net::redirect_error(use_task, ec));
+  net::const_buffer one = net::buffer(r);
+  if (!ssl_ || tls_seal({&one, 1}, ec)) co_await net::async_write(client_, one, net::redirect_error(use_task, ec));
   co_return !settle(ec) && keep_alive;
 }
 

@@ -116,7 +116,7 @@ class Session {
   // False if OpenSSL could not take the session's BIO (the caller drops the session).
   bool set_tls(ssl_st* ssl, std::string identity);
   // What the session's BIO (session_tls.cpp) works with: the client's descriptor, where a write
-  // goes while a tls_write encrypts (appended there, sent after through the batched send path;
+  // goes while tls_seal encrypts (appended there, sent after through the batched send path;
   // else straight to the socket), the records read from the socket and not yet taken by OpenSSL
   // (in the Scratch: null while parked), and whether the socket reached its end.
   struct TlsIo {
@@ -346,13 +346,16 @@ class Session {
   // tls_read: some decrypted bytes (0 and *ec at the end, on an error, or when the watchdog
   //   cancels the wait). The records come through Asio's read, as plain bytes do (readiness.h's
   //   marks apply: set them before, as for a plain read).
-  // tls_write: all of `bufs`, in records of at most 16 KiB, through the batched send path.
+  // tls_seal: encrypts all of `bufs` (records of at most 16 KiB) into the Scratch and points
+  //   `bufs` at the records instead (the first piece; the others empty), for the caller's send as
+  //   on a plain connection. No co_await of its own: the request path's coroutine frames stay
+  //   the size they are for plain connections. False (and *ec) if the connection is broken.
   // tls_close: close_notify, once, before the descriptor closes (never blocks).
   // tls_buffered: records read and not yet decrypted, or decrypted and not yet taken: bytes the
   //   socket's readiness will not announce.
   // tls_end: the session goes (close_notify if the descriptor is still open; the SSL freed).
   task<std::size_t> tls_read(net::mutable_buffer b, boost::system::error_code& ec);
-  task<void> tls_write(std::span<const net::const_buffer> bufs, boost::system::error_code& ec);
+  bool tls_seal(std::span<net::const_buffer> bufs, boost::system::error_code& ec);
   void tls_close();
   bool tls_buffered() const;
   void tls_end();

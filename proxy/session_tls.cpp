@@ -7,8 +7,9 @@
 // in through Asio's read on the session's socket, as a plain request's bytes do (a read tries
 // at once unless readiness.h's mark says the socket is drained, and a wait costs no system
 // call of its own), into the session's scratch, where the BIO hands them to OpenSSL. Writes
-// made while tls_write encrypts are appended to the session's scratch and go out through the
-// worker's batched send path (one io_uring submission per reactor pass, as plain answers do).
+// made while tls_seal encrypts are appended to the session's scratch, and the caller sends them
+// as it sends plain bytes: through the worker's batched send path (one io_uring submission per
+// reactor pass), with the same deadlines.
 // Other writes (close_notify, an alert, a key update's answer) go straight to the socket.
 //
 // Every wait is on the session's own socket, so the watchdog's cancellations (deadlines, the
@@ -173,17 +174,17 @@ task<std::size_t> Session::tls_read(net::mutable_buffer b, boost::system::error_
   }
 }
 
-task<void> Session::tls_write(std::span<const net::const_buffer> bufs, boost::system::error_code& ec) {
+bool Session::tls_seal(std::span<net::const_buffer> bufs, boost::system::error_code& ec) {
   ec.clear();
   if (tls_done_) {
     ec = net::error::broken_pipe;
-    co_return;
+    return false;
   }
   std::string& stage = sc_->tls_out;
   std::string& wire = sc_->tls_wire;
   wire.clear();
-  // Encrypts it all into `wire` (the BIO appends there: no write can block), a record per 16 KiB
-  // gathered: a head and its body go as one record.
+  // The BIO appends to `wire` (no write can block), a record per 16 KiB gathered: a head and its
+  // body go as one record.
   tls_io_.capture = &wire;
   std::size_t piece = 0, off = 0;  // the next byte to gather: bufs[piece], at off
   for (;;) {
@@ -208,17 +209,15 @@ task<void> Session::tls_write(std::span<const net::const_buffer> bufs, boost::sy
       ec = tls_error(SSL_get_error(ssl_, r));
       if (!ec || ec == net::error::eof) ec = net::error::broken_pipe;
       tls_broken_ = tls_done_ = true;
-      co_return;
+      return false;
     }
   }
   tls_io_.capture = nullptr;
-  if (wire.empty()) co_return;
-  // The records go with the pass's other sends; what the socket does not take at once, through
-  // Asio. `wire` stays put meanwhile: it is this session's (its Scratch).
-  std::array<net::const_buffer, 1> out{net::buffer(wire)};
-  if (!co_await send_soon(client_, out, ec) && !ec)
-    co_await net::async_write(client_, out, net::redirect_error(use_task, ec));
-  if (ec) tls_broken_ = tls_done_ = true;  // records lost midway: a close_notify after them would not parse
+  // The caller sends the records as it sends plain bytes (`wire` stays put meanwhile: it is this
+  // session's, in its Scratch).
+  for (auto& b : bufs) b = net::const_buffer();
+  if (!bufs.empty()) bufs[0] = net::buffer(wire);
+  return true;
 }
 
 void Session::tls_close() {

@@ -325,8 +325,10 @@ TEST_CASE("idempotency store: an outcome nobody waits for rides the next commit,
   const auto t0 = std::chrono::steady_clock::now();
   s->key_settle(done, nullptr);
   KeyRecord got;
+  // (The commit is counted just after it is visible to a reader: wait for both.)
   while (std::chrono::steady_clock::now() - t0 < 2s &&
-         !(s->key_get("r", "", "a", &got, nullptr) && got.state == KeyState::completed))
+         !(s->key_get("r", "", "a", &got, nullptr) && got.state == KeyState::completed &&
+           s->commit_count() > commits))
     std::this_thread::sleep_for(1ms);
   CHECK(got.state == KeyState::completed);
   CHECK(std::chrono::steady_clock::now() - t0 < 500ms);
