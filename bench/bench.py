@@ -1558,6 +1558,17 @@ backend be
             out.append((f"{self.idle_conns} idle connections: PSS <= 0.6x nginx's",
                         f"{m['fencegate']['pss_mib'] / m['nginx']['pss_mib']:.2f}x",
                         m["fencegate"]["pss_mib"] <= 0.6 * m["nginx"]["pss_mib"]))
+        tk, tn = self.res["tls"].get("keepalive", {}), self.res["tls"].get("new", {})
+        if {"fencegate-enforce", "nginx", "haproxy"} <= tk.keys():
+            med = lambda rs, k: statistics.median(x.get(k, 0) for x in rs)
+            f, ha, ng = (med(tk[n], "rps") for n in ("fencegate-enforce", "haproxy", "nginx"))
+            out.append(("TLS keep-alive req/s >= 1.0x HAProxy (issue 27)", f"{f / ha:.2f}x", f >= ha))
+            out.append(("TLS keep-alive req/s >= 1.2x nginx (issue 27)", f"{f / ng:.2f}x", f >= 1.2 * ng))
+            fp, hp = med(tk["fencegate-enforce"], "p99_us") / 1000, med(tk["haproxy"], "p99_us") / 1000
+            out.append(("TLS keep-alive p99 <= HAProxy's (issue 27)", f"{fp:.2f} ms vs {hp:.2f} ms", fp <= hp))
+        if {"fencegate-enforce", "haproxy"} <= tn.keys():
+            f, ha = (statistics.median(x.get("per_s", 0) for x in tn[n]) for n in ("fencegate-enforce", "haproxy"))
+            out.append(("New TLS connections/s >= 1.0x HAProxy (issue 27)", f"{f / max(ha, 1e-9):.2f}x", f >= ha))
         ti = self.res["tls"].get("idle", {})
         if {"fencegate-enforce", "nginx"} <= ti.keys():
             f, n = ti["fencegate-enforce"]["pss_mib"], ti["nginx"]["pss_mib"]
