@@ -848,7 +848,8 @@ backend be
                 out.setdefault("new", {}).setdefault(name, []).append(nk)
                 self.procs.stop(p)
                 log(f"tls rep {rep + 1}/{self.tls_reps} {name:18} keep-alive {kv['rps']:8.0f} req/s p99 "
-                    f"{kv['p99_us'] / 1000:6.2f} ms {kv['cpu_us_per_req']:5.1f} us/req; new connections "
+                    f"{kv['p99_us'] / 1000:6.2f} ms {kv['cpu_us_per_req']:5.1f} us/req (load core "
+                    f"{kv.get('load_core_pct', 0):.0f}%); new connections "
                     f"{nk.get('per_s', 0):7.0f}/s {nk['cpu_us_per_conn']:6.0f} us/conn ({r.stdout.strip()})")
         errs = [n for n, rs in out.get("keepalive", {}).items() if any(r["status_err"] or r["sock_err"] for r in rs)]
         errs += [f"{n} (new connections)" for n, rs in out.get("new", {}).items()
@@ -893,6 +894,21 @@ backend be
                      f"| {statistics.median(sc) if sc else float('nan'):.2f} | {med(n, 'per_s'):.0f} | {med(n, 'p50_us') / 1000:.2f} | {med(n, 'p99_us') / 1000:.2f} "
                      f"| {med(n, 'cpu_us_per_conn'):.0f} |")
         L.append("")
+        ka = t.get("keepalive", {})
+        if self.pin and {"fencegate-enforce", "nginx"} <= ka.keys():
+            # As in the throughput part: the load core (wrk, whose TLS costs as much as a
+            # proxy's, and the upstream) bounds what a faster proxy can show against nginx.
+            fe = ka["fencegate-enforce"]
+            busy = statistics.median(x.get("load_core_pct", 0) for x in fe)
+            load_us = statistics.median(x.get("load_core_pct", 0) / 100 / x["rps"] * 1e6 for x in fe)
+            ng_us = med(ka["nginx"], "cpu_us_per_req")
+            if load_us > 0:
+                L.append(f"Keep-alive, what the load side allowed: under fencegate-enforce the load core (wrk's TLS "
+                         f"client and the upstream) was {busy:.0f}% busy and spent {load_us:.1f} µs per request, so "
+                         f"no proxy there could pass about {1e6 / load_us / 1000:.1f}k req/s; nginx spent "
+                         f"{ng_us:.1f} µs per request on its own core. Against nginx the highest keep-alive TLS req/s "
+                         f"ratio this run's load side let a fencegate of any speed reach was about "
+                         f"{ng_us / load_us:.2f}x.\n")
         if t.get("idle"):
             L.append(f"Idle TLS connections: {self.tls_idle}, each after its handshake and one fenced POST, then idle "
                      f"(the open-file limit was {self.nofile}).\n")

@@ -51,6 +51,14 @@ json tls_block(const std::string& client_auth, const std::string& min_version = 
   return t;
 }
 
+// A proxy spec of one route `r` with the listener's TLS (tls_block's arguments).
+ProxySpec tls_spec(json r, const std::string& client_auth, const std::string& min_version = "1.2") {
+  ProxySpec spec;
+  spec.config = config_with_routes({std::move(r)});
+  (*spec.config)["tls"] = tls_block(client_auth, min_version);
+  return spec;
+}
+
 struct Curl {
   int exit = -1;
   int status = 0;
@@ -120,6 +128,8 @@ class TlsConn {
   bool ok() const { return ok_; }
   // One request; the response's status (0: none), its body in *body.
   int roundtrip(const std::string& req, std::string* body) { return send(req) ? read_response(body) : 0; }
+  // The head of the last response read_response returned.
+  const std::string& head() const { return head_; }
   // Writes `bytes` as one TLS record (or as many as it takes past 16 KiB).
   bool send(const std::string& bytes) {
     return ok_ && SSL_write(ssl_, bytes.data(), static_cast<int>(bytes.size())) == static_cast<int>(bytes.size());
@@ -136,6 +146,7 @@ class TlsConn {
         for (char ch : in_.substr(0, he)) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
         if (auto p = lower.find("content-length:"); p != std::string::npos) len = std::stoul(lower.substr(p + 15));
         if (in_.size() >= he + 4 + len) {
+          head_ = in_.substr(0, he);
           *body = in_.substr(he + 4, len);
           const int status = std::atoi(in_.c_str() + 9);
           in_.erase(0, he + 4 + len);
@@ -153,18 +164,22 @@ class TlsConn {
   SSL* ssl_ = nullptr;
   int fd_ = -1;
   bool ok_ = false;
-  std::string in_;  // read, not yet returned
+  std::string in_;    // read, not yet returned
+  std::string head_;  // the last response's head
 };
+
+// A keep-alive TLS connection presenting the writer's certificate.
+TlsConn writer_conn(std::uint16_t port) {
+  const Certs& c = certs();
+  return TlsConn(port, c.f("ca.crt"), c.f("writer.crt"), c.f("writer.key"));
+}
 
 }  // namespace
 
 TEST_SUITE("tls") {
   TEST_CASE("tls: a fenced write over TLS 1.3 carries the verified identity; a forged identity header is dropped") {
     RecordingUpstream up;
-    ProxySpec spec;
-    spec.config = config_with_routes({route("/", up.url(), "ledger")});
-    (*spec.config)["tls"] = tls_block("required", "1.3");
-    Proxy px(spec);
+    Proxy px(tls_spec(route("/", up.url(), "ledger"), "required", "1.3"));
     FG_LOG_ON_FAILURE(px);
     FG_START(px);
 
@@ -232,10 +247,7 @@ TEST_SUITE("tls") {
 
   TEST_CASE("tls: client_auth required: no certificate, another CA's, an expired one fail the handshake") {
     RecordingUpstream up;
-    ProxySpec spec;
-    spec.config = config_with_routes({route("/", up.url(), "ledger")});
-    (*spec.config)["tls"] = tls_block("required");
-    Proxy px(spec);
+    Proxy px(tls_spec(route("/", up.url(), "ledger"), "required"));
     FG_LOG_ON_FAILURE(px);
     FG_START(px);
     FG_ADMIN_PORT(admin, px);
@@ -348,10 +360,7 @@ TEST_SUITE("tls") {
 
   TEST_CASE("tls: plain HTTP sent to the TLS port gets a plaintext 400 and a close") {
     RecordingUpstream up;
-    ProxySpec spec;
-    spec.config = config_with_routes({route("/", up.url(), "ledger")});
-    (*spec.config)["tls"] = tls_block("none");
-    Proxy px(spec);
+    Proxy px(tls_spec(route("/", up.url(), "ledger"), "none"));
     FG_LOG_ON_FAILURE(px);
     FG_START(px);
     FG_ADMIN_PORT(admin, px);
@@ -442,15 +451,12 @@ TEST_SUITE("tls") {
   TEST_CASE("tls: new certificates on reload; an open keep-alive connection keeps working") {
     const Certs& c = certs();
     RecordingUpstream up;
-    ProxySpec spec;
-    spec.config = config_with_routes({route("/", up.url(), "ledger")});
-    (*spec.config)["tls"] = tls_block("required");
-    Proxy px(spec);
+    Proxy px(tls_spec(route("/", up.url(), "ledger"), "required"));
     FG_LOG_ON_FAILURE(px);
     FG_START(px);
     FG_ADMIN_PORT(admin, px);
 
-    TlsConn conn(px.port(), c.f("ca.crt"), c.f("writer.crt"), c.f("writer.key"));
+    TlsConn conn = writer_conn(px.port());
     REQUIRE(conn.ok());
     std::string body;
     const std::string req = "POST /a HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: 1\r\n\r\nx";
@@ -489,21 +495,17 @@ TEST_SUITE("tls") {
   }
 
   TEST_CASE("tls: one connection's records: pipelined requests, large bodies both ways, a parked connection woken") {
-    const Certs& c = certs();
     const std::string big(300000, 'b');
     RecordingUpstream up([&](const RecordedRequest& r) {
       UpstreamAction a;
       if (r.target == "/big") a.body = big;
       return a;
     });
-    ProxySpec spec;
-    spec.config = config_with_routes({route("/", up.url(), "ledger")});
-    (*spec.config)["tls"] = tls_block("required");
-    Proxy px(spec);
+    Proxy px(tls_spec(route("/", up.url(), "ledger"), "required"));
     FG_LOG_ON_FAILURE(px);
     FG_START(px);
 
-    TlsConn conn(px.port(), c.f("ca.crt"), c.f("writer.crt"), c.f("writer.key"));
+    TlsConn conn = writer_conn(px.port());
     REQUIRE(conn.ok());
     auto post = [](const std::string& path, const std::string& body) {
       return "POST " + path + " HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: " +
@@ -535,5 +537,47 @@ TEST_SUITE("tls") {
     REQUIRE(up.count() == 7);
     CHECK(up.requests()[6].target == "/after-idle");
     for (const RecordedRequest& r : up.requests()) CHECK(r.header("Fencing-Client-Identity") == kWriter);
+  }
+
+  TEST_CASE("tls: a keyed write's replay and 100-continue answers go out as TLS records") {
+    RecordingUpstream up;
+    json r = route("/", up.url(), "ledger");
+    r["idempotency"] = json::object();
+    Proxy px(tls_spec(r, "required"));
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+
+    TlsConn conn = writer_conn(px.port());
+    REQUIRE(conn.ok());
+    auto keyed = [](const std::string& key, const std::string& extra, const std::string& body) {
+      return "POST /charge HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nIdempotency-Key: \"" + key + "\"\r\n" + extra +
+             "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    };
+    std::string body;
+    REQUIRE(conn.roundtrip(keyed("charge:c1:2026-12", "", "abc"), &body) == 200);
+    const std::string first = body;
+    // The replay is answered by fencegate itself, from the store, over the same TLS connection.
+    REQUIRE(conn.roundtrip(keyed("charge:c1:2026-12", "", "abc"), &body) == 200);
+    CHECK(body == first);
+    std::string head = conn.head();
+    for (char& ch : head) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    CHECK(head.find("idempotent-replayed: true") != std::string::npos);
+    CHECK(up.count() == 1);
+
+    // Expect: 100-continue, keyed (the key path reads the body itself) and not keyed.
+    const std::string expect = "Expect: 100-continue\r\n";
+    std::string req = keyed("charge:c2:2026-12", expect, "hello");
+    REQUIRE(conn.send(req.substr(0, req.size() - 5)));
+    CHECK(conn.read_response(&body) == 100);
+    REQUIRE(conn.send("hello"));
+    CHECK(conn.read_response(&body) == 200);
+    req = "POST /plain HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\n" + expect + "Content-Length: 5\r\n\r\n";
+    REQUIRE(conn.send(req));
+    CHECK(conn.read_response(&body) == 100);
+    REQUIRE(conn.send("world"));
+    CHECK(conn.read_response(&body) == 200);
+    REQUIRE(up.count() == 3);
+    CHECK(up.requests()[1].body == "hello");
+    CHECK(up.requests()[2].body == "world");
   }
 }
