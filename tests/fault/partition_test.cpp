@@ -716,12 +716,16 @@ ScheduleResult run_schedule(const Schedule& s) {
         // On a loaded machine the writer's request from just before the hold may still be on its
         // way: partition only once one sent after the hold is waiting there (bounded), so that
         // the scenario holds a request rather than testing nothing.
+        // The op is taken down as soon as it is seen held: by the release its writer may have given
+        // up on it (a client timeout) or been stopped with its lease, which marks it answered, but
+        // its bytes stay held in the relay and still arrive late.
         w.wait_until(
             [&] {
               auto ops = w.writer_ops(cur->worker, cur->pid);
-              return !ops.empty() && !ops.back().answered && ops.back().sent > hold_at;
+              if (!ops.empty() && !ops.back().answered && ops.back().sent > hold_at) held_op = ops.back().op;
+              return !held_op.empty();
             },
-            3000ms);
+            5000ms);
         watch_takeover();
         lw.ns->partition(lw.etcd_relay->port());
         run_watching(dur);
@@ -734,8 +738,10 @@ ScheduleResult run_schedule(const Schedule& s) {
         // while after the request, so the proxy decides on the late write rather than dropping it.
         lw.data_relay->set_eof_delay(1000ms);
         lw.data_relay->pass();
-        auto ops = w.writer_ops(cur->worker, cur->pid);
-        held_op = !ops.empty() && !ops.back().answered && ops.back().sent > hold_at ? ops.back().op : std::string();
+        if (held_op.empty()) {
+          auto ops = w.writer_ops(cur->worker, cur->pid);
+          if (!ops.empty() && !ops.back().answered && ops.back().sent > hold_at) held_op = ops.back().op;
+        }
         w.event("release " + lw.id + "'s held write " + (held_op.empty() ? std::string("(none!)") : held_op));
         break;
       }
