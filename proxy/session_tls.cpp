@@ -200,16 +200,21 @@ bool Session::tls_seal(std::span<net::const_buffer> bufs, boost::system::error_c
       }
     }
     if (stage.empty()) break;
-    ERR_clear_error();
-    errno = 0;
-    std::size_t n = 0;
-    const int r = SSL_write_ex(ssl_, stage.data(), stage.size(), &n);
-    if (r != 1 || n != stage.size()) {
-      tls_io_.capture = nullptr;
-      ec = tls_error(SSL_get_error(ssl_, r));
-      if (!ec || ec == net::error::eof) ec = net::error::broken_pipe;
-      tls_broken_ = tls_done_ = true;
-      return false;
+    // Partial writes are on: a client that negotiated smaller records (max_fragment_length) gets
+    // several per stage. The BIO takes everything, so each call makes progress.
+    for (std::size_t sent = 0; sent < stage.size();) {
+      ERR_clear_error();
+      errno = 0;
+      std::size_t n = 0;
+      const int r = SSL_write_ex(ssl_, stage.data() + sent, stage.size() - sent, &n);
+      if (r != 1 || n == 0) {
+        tls_io_.capture = nullptr;
+        ec = tls_error(SSL_get_error(ssl_, r));
+        if (!ec || ec == net::error::eof) ec = net::error::broken_pipe;
+        tls_broken_ = tls_done_ = true;
+        return false;
+      }
+      sent += n;
     }
   }
   tls_io_.capture = nullptr;

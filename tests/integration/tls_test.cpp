@@ -100,7 +100,9 @@ double tls_failures(std::uint16_t admin, const std::string& reason) {
 // A blocking TLS 1.3 client on one keep-alive connection (for the reload case).
 class TlsConn {
  public:
-  TlsConn(std::uint16_t port, const std::string& ca, const std::string& cert, const std::string& key) {
+  // `max_fragment`: an OpenSSL TLSEXT_max_fragment_length_* code, 0 for none (records of 16 KiB).
+  TlsConn(std::uint16_t port, const std::string& ca, const std::string& cert, const std::string& key,
+          std::uint8_t max_fragment = 0) {
     ctx_ = SSL_CTX_new(TLS_client_method());
     SSL_CTX_set_min_proto_version(ctx_, TLS1_3_VERSION);
     SSL_CTX_load_verify_locations(ctx_, ca.c_str(), nullptr);
@@ -118,6 +120,7 @@ class TlsConn {
     ssl_ = SSL_new(ctx_);
     SSL_set_fd(ssl_, fd_);
     SSL_set1_host(ssl_, "127.0.0.1");
+    if (max_fragment) SSL_set_tlsext_max_fragment_length(ssl_, max_fragment);
     ok_ = SSL_connect(ssl_) == 1;
   }
   ~TlsConn() {
@@ -530,12 +533,19 @@ TEST_SUITE("tls") {
     CHECK(up.requests()[4].body == upload);
     CHECK(conn.roundtrip("GET /big HTTP/1.1\r\nHost: x\r\n\r\n", &body) == 200);
     CHECK(body == big);
+    // A client that asked for records of at most 512 bytes (max_fragment_length) gets them.
+    TlsConn small(px.port(), certs().f("ca.crt"), certs().f("writer.crt"), certs().f("writer.key"),
+                  TLSEXT_max_fragment_length_512);
+    REQUIRE(small.ok());
+    CHECK(small.roundtrip("GET /big HTTP/1.1\r\nHost: x\r\n\r\n", &body) == 200);
+    CHECK(body == big);
+    CHECK(small.roundtrip(post("/small-records", upload.substr(0, 3000)), &body) == 200);
     // Idle past the hot wait (50 ms): the connection parks without its buffers; its next request
     // wakes it.
     std::this_thread::sleep_for(300ms);
     CHECK(conn.roundtrip(post("/after-idle", "e"), &body) == 200);
-    REQUIRE(up.count() == 7);
-    CHECK(up.requests()[6].target == "/after-idle");
+    REQUIRE(up.count() == 9);
+    CHECK(up.requests()[8].target == "/after-idle");
     for (const RecordedRequest& r : up.requests()) CHECK(r.header("Fencing-Client-Identity") == kWriter);
   }
 
