@@ -1,9 +1,12 @@
 // CLI contract: --help on the binary and on `serve`, exit code 2 with a message naming the field
 // for bad flags, bad config values and unknown config keys.
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "tests/integration/harness.h"
+#include "tests/support/net_util.h"
 
 using namespace fencegate::testing;
 
@@ -300,6 +303,25 @@ TEST_CASE("config file: unknown keys and bad values exit 2 naming the field") {
     CHECK(st.exited);
     CHECK(st.code == 0);
   }
+}
+
+TEST_CASE("harness: a proxy whose port another process took before its first start moves to another port") {
+  RecordingUpstream up;
+  ProxySpec spec;
+  spec.upstream = up.url();
+  Proxy px(spec);
+  const std::uint16_t taken = px.port();
+  // Bound, not listening: fencegate's bind fails, and nothing answers on the port meanwhile.
+  Fd squatter(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(taken);
+  REQUIRE(::bind(squatter.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  FG_LOG_ON_FAILURE(px);
+  FG_START(px);
+  CHECK(px.port() != taken);
+  CHECK(request(px.port(), "GET", "/x").code() == 200);
 }
 
 }  // TEST_SUITE
