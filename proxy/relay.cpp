@@ -297,22 +297,31 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
     }
   }
 
+  co_return co_await relay_response(fw);
+}
+
+// The upstream's answer to a request forward() sent, relayed to the client. A coroutine of its
+// own: forward()'s frame holding both halves was larger than Asio recycles (a malloc and a free
+// per request).
+task<bool> Session::relay_response(Forwarding& fw) {
+  const auto& cfg = this->cfg();
+  const config::Route& route = fw.route;
+  Exchange& x = *fw.ex;
+  UpConn& up = *x.up;
+  boost::system::error_code ec;
   // Response head, after any interim 1xx answers.
+  // (The refusals' messages are built in head_refused's frame: strings made inside a co_await
+  // expression here would each hold a slot of this frame for the whole exchange.)
   ResponseHead& rh = sc_->resp;
   for (;;) {
     if (!up.buf.empty()) {
-      HeadScan s = scan_response_head(up.buf.view(), kMaxResponseHeader, &rh);
-      if (s.status == HeadStatus::complete) {
-        fw.rh_len = s.length;
+      const HeadStatus s = scan_upstream_head(fw);
+      if (s == HeadStatus::complete) {
         if (rh.status < 100 || rh.status >= 200 || rh.status == 101) break;
         if (!co_await relay_interim(fw)) co_return false;
         continue;
       }
-      if (s.status != HeadStatus::incomplete) {
-        const std::string why = s.status == HeadStatus::bad ? s.reason : "response head too large";
-        co_return co_await upstream_answer_refused(fw, "upstream " + route.upstream + ": malformed response: " + why,
-                                                   "upstream sent a bad response", why);
-      }
+      if (s != HeadStatus::incomplete) co_return co_await head_refused(fw, HeadRefusal::malformed);
     }
     arm(cfg.upstream_timeout);
     std::size_t got =
@@ -324,10 +333,8 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
     if (ec && co_await retry_fresh(fw, ec)) continue;
     if (ec) co_return co_await upstream_failed(fw, ec, "response");
   }
-  if (rh.status == 101) co_return co_await upstream_answer_refused(fw, "the upstream switched protocols");
-  if (!frame_response(fw))
-    co_return co_await upstream_answer_refused(fw, "upstream " + route.upstream +
-                                                       ": invalid or conflicting Content-Length");
+  if (rh.status == 101) co_return co_await head_refused(fw, HeadRefusal::switched);
+  if (!frame_response(fw)) co_return co_await head_refused(fw, HeadRefusal::length);
   if (fw.keyed) fw.keyed->cap.head(rh);  // issue 30
   build_response_head(fw);
 
@@ -355,6 +362,26 @@ task<bool> Session::forward(const RequestState& rq, std::shared_ptr<Exchange> ex
   x.release();
   if (fw.up_reusable && !x.aborted && up.buf.empty()) give_back(route, std::move(x.up));
   co_return fw.keep && !fw.client_gone;
+}
+
+// The upstream's response head in sc_->resp once it is complete (fw.rh_len: its bytes).
+HeadStatus Session::scan_upstream_head(Forwarding& fw) {
+  const HeadScan s = scan_response_head(fw.ex->up->buf.view(), kMaxResponseHeader, &sc_->resp);
+  if (s.status == HeadStatus::complete) fw.rh_len = s.length;
+  return s.status;
+}
+
+// A response head fencegate does not relay: 502.
+task<bool> Session::head_refused(Forwarding& fw, HeadRefusal why) {
+  const std::string& upstream = fw.route.upstream;
+  if (why == HeadRefusal::switched) co_return co_await upstream_answer_refused(fw, "the upstream switched protocols");
+  if (why == HeadRefusal::length)
+    co_return co_await upstream_answer_refused(fw, "upstream " + upstream + ": invalid or conflicting Content-Length");
+  // Scanned again for the reason (only this path needs it).
+  const HeadScan s = scan_response_head(fw.ex->up->buf.view(), kMaxResponseHeader, &sc_->resp);
+  const std::string reason = s.status == HeadStatus::bad ? s.reason : "response head too large";
+  co_return co_await upstream_answer_refused(fw, "upstream " + upstream + ": malformed response: " + reason,
+                                             "upstream sent a bad response", reason);
 }
 
 // The upstream request head: hop-by-hop fields go (RFC 9110 7.6.1), X-Forwarded-For and

@@ -47,6 +47,7 @@ constexpr std::uint64_t kDiscardLimit = 64 * 1024;  // refused bodies up to this
 constexpr auto kWatchdogTick = std::chrono::milliseconds(20);
 constexpr auto kHotIdle = std::chrono::milliseconds(50);  // idle reads keep their buffer this long
 constexpr std::size_t kMaxHotIdle = 4096;                 // ... on at most this many connections per worker
+constexpr std::size_t kTlsHotBuffers = 64;  // TLS: idle reads keep OpenSSL's ~34 KiB of buffers on this many
 constexpr std::size_t kReservedSockets = 2048;            // Asio socket states made at start, per worker
 constexpr std::size_t kPoolBurst = 1024;                  // pooled upstreams kept beyond the setting ...
 constexpr auto kPoolBurstIdle = std::chrono::seconds(1);  // ... while idle less than this

@@ -55,7 +55,10 @@ int Session::scan_head(std::size_t* checked, std::size_t* head_len) {
 }
 
 // Gives back the memory an idle connection does not need while it waits (it is parking).
-void Session::shed() { w_.give_back(std::move(sc_)); }
+void Session::shed() {
+  tls_shed();
+  w_.give_back(std::move(sc_));
+}
 
 // The connection's loop. Everything that is not a wait lives in plain member functions: the
 // frame of this coroutine stays allocated for as long as the connection is open, so it holds
@@ -101,6 +104,9 @@ task<bool> Session::run(bool woken) {
       const bool idle_wait = hot && sc_->in.empty();
       if (hot) cold_at_ = Clock::now() + kHotIdle;
       w_.hot_idle += idle_wait;
+      // TLS: a connection waiting for its next request keeps OpenSSL's record buffers only
+      // while few others wait on this worker (they would stay resident, see tls_shed).
+      if (idle_wait && w_.hot_idle > kTlsHotBuffers) tls_shed();
       // Waiting for the next request, a read right after a short one waits without a recv()
       // that fails (readiness.h). Reads of the rest of a head try first, so that an EOF is seen
       // at once, and so does the wait after a connection's first answer: a client that sent its
@@ -312,7 +318,8 @@ bool Session::body_abandoned(const Framing& fr, std::size_t head_len) {
 // One request, top to bottom: check the head, route it (once), admit it (the fence decision,
 // proxy/admission.h), forward it (relay.cpp). Every refusal is answered through reply().
 task<bool> Session::handle(std::size_t head_len) {
-  RequestState rq;  // in this coroutine's frame: only while the request runs
+  RequestState& rq = sc_->rq;  // the Scratch stays while the request runs
+  rq = RequestState{};
   start_request(rq, head_len);
   // 1. The head's own checks. A refusal here still carries Fencing-Generation when the path
   // routes to a fenced resource, as every answer to a fenced request does.

@@ -277,6 +277,7 @@ class Session {
     idem::Keyed* keyed = nullptr;  // issue 30: a keyed write's key and the capture of its answer
   };
   task<bool> forward(const RequestState& rq, std::shared_ptr<Exchange> ex);
+  task<bool> relay_response(Forwarding& fw);
   void build_upstream_head(const RequestHead& head, const Framing& fr, const config::Route& route);
   task<std::optional<bool>> send_chunked_body(Forwarding& fw);
   task<bool> relay_interim(Forwarding& fw);
@@ -289,6 +290,9 @@ class Session {
   task<bool> upstream_failed(Forwarding& fw, boost::system::error_code e, const char* stage);
   task<bool> upstream_answer_refused(Forwarding& fw, std::string detail, const char* log_line = nullptr,
                                      std::string_view log_error = {});
+  enum class HeadRefusal { malformed, switched, length };
+  HeadStatus scan_upstream_head(Forwarding& fw);
+  task<bool> head_refused(Forwarding& fw, HeadRefusal why);
   task<bool> client_body_failed(Forwarding& fw, const char* why, bool too_large);
   bool client_went(Forwarding& fw);
   task<bool> retry_fresh(Forwarding& fw, boost::system::error_code e);
@@ -353,11 +357,14 @@ class Session {
   // tls_close: close_notify, once, before the descriptor closes (never blocks).
   // tls_buffered: records read and not yet decrypted, or decrypted and not yet taken: bytes the
   //   socket's readiness will not announce.
+  // tls_shed: the connection parks; OpenSSL's record buffers go (a busy connection keeps them).
   // tls_end: the session goes (close_notify if the descriptor is still open; the SSL freed).
   task<std::size_t> tls_read(net::mutable_buffer b, boost::system::error_code& ec);
   bool tls_seal(std::span<net::const_buffer> bufs, boost::system::error_code& ec);
   void tls_close();
-  bool tls_buffered() const;
+  void tls_shed();
+  bool tls_buffered() const { return ssl_ && tls_pending(); }  // plain connections: no call
+  bool tls_pending() const;
   void tls_end();
 
   const config::Config& cfg() const { return *snap_->cfg; }
