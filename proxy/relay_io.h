@@ -54,6 +54,7 @@ constexpr auto kPoolBurstIdle = std::chrono::seconds(1);  // ... while idle less
 constexpr std::size_t kMaxGather = 32;    // chunk data runs re-framed per write
 constexpr unsigned kSendRingDepth = 64;   // sends per io_uring submission
 inline constexpr std::size_t kScratchPool = 64;  // free Scratch kept per worker
+inline constexpr std::size_t kSpareSuspended = 256;  // free nodes of Worker::suspended kept
 
 // A byte buffer with a read and a write end. Holds no memory while empty and released, so an
 // idle keep-alive connection costs no buffer.

@@ -317,16 +317,24 @@ struct Worker {
     if (sends.size() == 1) net::post(ioc, [this] { flush_sends(); });
   }
   void flush_sends();
+  // Nodes of `suspended` are kept here once their session resumed (every batched send suspends:
+  // a list node's malloc and free per send otherwise). Empty handlers only.
+  Suspended spare;
   // Sessions suspended in CrossThreadResult::wait(), by their resumptions. Owned here, so that a
   // worker torn down with sessions still waiting destroys them (their coroutine frames hold the
   // CrossThreadResult) first, while everything they use is still there: keep this the last member.
   Suspended suspended;
   Suspended::iterator suspend(net::any_completion_handler<void()> h) {
-    return suspended.insert(suspended.end(), std::move(h));
+    if (spare.empty()) return suspended.insert(suspended.end(), std::move(h));
+    suspended.splice(suspended.end(), spare, spare.begin());
+    auto it = std::prev(suspended.end());
+    it->swap(h);  // (Boost 1.81's move assignment wraps its operand instead of taking it over)
+    return it;
   }
   void resume(Suspended::iterator it) {
-    auto h = std::move(*it);
-    suspended.erase(it);
+    auto h = std::move(*it);  // the node goes back empty
+    if (spare.size() < kSpareSuspended) spare.splice(spare.end(), suspended, it);
+    else suspended.erase(it);
     std::move(h)();
   }
 };
