@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <memory>
+#include <vector>
 
 #include "tests/integration/ops_harness.h"
 #include "tests/integration/tls_certs.h"
@@ -511,8 +513,9 @@ TEST_SUITE("tls") {
     TlsConn conn = writer_conn(px.port());
     REQUIRE(conn.ok());
     auto post = [](const std::string& path, const std::string& body) {
-      return "POST " + path + " HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: " +
-             std::to_string(body.size()) + "\r\n\r\n" + body;
+      return "POST " + path +
+             " HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+             body;
     };
     std::string body;
     // Two requests in one record, then two records sent back to back: OpenSSL reads ahead, so the
@@ -547,6 +550,31 @@ TEST_SUITE("tls") {
     REQUIRE(up.count() == 9);
     CHECK(up.requests()[8].target == "/after-idle");
     for (const RecordedRequest& r : up.requests()) CHECK(r.header("Fencing-Client-Identity") == kWriter);
+  }
+
+  TEST_CASE("tls: more keep-alive connections waiting than keep OpenSSL's buffers: every one keeps working") {
+    RecordingUpstream up([](const RecordedRequest&) { return UpstreamAction{}; });
+    Proxy px(tls_spec(route("/", up.url(), "ledger"), "required"));
+    FG_LOG_ON_FAILURE(px);
+    FG_START(px);
+    // Past 64 connections of a worker waiting for their next request, a waiting connection gives
+    // OpenSSL's record buffers back (session_tls.cpp); its next request has them allocated again.
+    const Certs& c = certs();
+    const std::string post = "POST /w HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: 2\r\n\r\nab";
+    std::string body;
+    std::vector<std::unique_ptr<TlsConn>> conns;
+    for (int i = 0; i < 100; ++i) {
+      conns.push_back(std::make_unique<TlsConn>(px.port(), c.f("ca.crt"), c.f("writer.crt"), c.f("writer.key")));
+      REQUIRE(conns.back()->ok());
+      REQUIRE(conns.back()->roundtrip(post, &body) == 200);
+    }
+    // Each in turn, quickly: all 100 wait hot between their requests.
+    for (int round = 0; round < 3; ++round)
+      for (auto& conn : conns) REQUIRE(conn->roundtrip(post, &body) == 200);
+    // Past the hot wait (parked), and once more.
+    std::this_thread::sleep_for(300ms);
+    for (auto& conn : conns) CHECK(conn->roundtrip(post, &body) == 200);
+    CHECK(up.wait_for_count(500, 5s));
   }
 
   TEST_CASE("tls: a keyed write's replay and 100-continue answers go out as TLS records") {
