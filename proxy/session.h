@@ -357,7 +357,8 @@ class Session {
   // tls_close: close_notify, once, before the descriptor closes (never blocks).
   // tls_buffered: records read and not yet decrypted, or decrypted and not yet taken: bytes the
   //   socket's readiness will not announce.
-  // tls_shed: the connection parks; OpenSSL's record buffers go (a busy connection keeps them).
+  // tls_shed: OpenSSL's record buffers go (kept while it holds bytes): when the connection parks,
+  //   and before an idle wait while more than kTlsHotBuffers others of the worker wait.
   // tls_end: the session goes (close_notify if the descriptor is still open; the SSL freed).
   task<std::size_t> tls_read(net::mutable_buffer b, boost::system::error_code& ec);
   bool tls_seal(std::span<net::const_buffer> bufs, boost::system::error_code& ec);
