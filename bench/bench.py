@@ -930,15 +930,18 @@ backend be
                  "fenced POST with `Connection: close`, response, close; latency is connect to response. "
                  "p99 is the highest of the clients' p99s. Proxy CPU: user+system from /proc over the run.\n".format(
                      self.conns, self.tls_seconds, self.tls_clients))
-        L.append("| proxy | keep-alive req/s | p99 ms | CPU µs per request | syscalls per request | new connections/s "
+        L.append("| proxy | keep-alive req/s | p99 ms | CPU µs per request | user / kernel µs per request "
+                 "| syscalls per request | new connections/s "
                  "| connect-to-response p50 ms | p99 ms | proxy CPU µs per new connection |")
-        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name in ("nginx", "haproxy", "fencegate-enforce", "baseline-enforce"):
             k, n = t.get("keepalive", {}).get(name), t.get("new", {}).get(name)
             if not k or not n:
                 continue
             sc = [x["syscalls_per_req"] for x in k if x.get("syscalls_per_req")]
+            split = lambda key: statistics.median(x[key] / 100 / x["rps"] * 1e6 for x in k)
             L.append(f"| {name} | {med(k, 'rps'):.0f} | {med(k, 'p99_us') / 1000:.2f} | {med(k, 'cpu_us_per_req'):.1f} "
+                     f"| {split('user_pct'):.1f} / {split('sys_pct'):.1f} "
                      f"| {statistics.median(sc) if sc else float('nan'):.2f} | {med(n, 'per_s'):.0f} | {med(n, 'p50_us') / 1000:.2f} | {med(n, 'p99_us') / 1000:.2f} "
                      f"| {med(n, 'cpu_us_per_conn'):.0f} |")
         L.append("")
