@@ -1,7 +1,7 @@
 // Internal to fence_store/: the writes of the idempotency key table (issue 30), run by the owning
 // store's thread inside its batch transactions, and the per-resource counts of keys and of the
 // response bytes kept for replay, published for any thread. The owning store prepares and
-// finalizes the five statements with the rest of its own (see store.cpp's start()).
+// finalizes the seven statements with the rest of its own (see store.cpp's start()).
 #pragma once
 
 #include <sqlite3.h>
@@ -30,6 +30,8 @@ class KeyTable {
   sqlite3_stmt* settle = nullptr;
   sqlite3_stmt* remove = nullptr;
   sqlite3_stmt* prune_expired = nullptr;
+  sqlite3_stmt* insert_new = nullptr;  // a key never seen: no lookup first (nothing on a conflict)
+  sqlite3_stmt* settle_row = nullptr;  // settle, by the row id begin() recorded
 
   // Counts the keys per resource again from the table (at start, after a failed batch).
   // Returns "" or SQLite's error. Store thread (or before it starts).
@@ -70,6 +72,23 @@ class KeyTable {
 
   // key_begin's work on (rec, max_keys), its outcome in `result`. Returns false on an SQLite error.
   bool begin(const KeyRecord& rec, std::uint64_t max_keys, KeyBeginResult& result, std::int64_t now, std::string* err) {
+    // A key never seen (unique keys, the common case) is inserted in one step; a conflict (a
+    // known key, live or expired) inserts nothing and goes the way below. At the limit, first
+    // the lookup: an expired row is replaced, not refused.
+    if (const auto c = counts_.find(rec.resource);
+        c == counts_.end() || static_cast<std::uint64_t>(c->second) < max_keys) {
+      bind_new(insert_new, rec);
+      const bool ok = step(insert_new, err);
+      sqlite3_clear_bindings(insert_new);
+      if (!ok) return false;
+      if (sqlite3_changes64(db_) > 0) {
+        ++counts_[rec.resource];
+        result.existing = KeyRecord{};
+        result.row = sqlite3_last_insert_rowid(db_);
+        result.outcome = KeyBegin::started;
+        return true;
+      }
+    }
     bind_key(select, rec);
     int rc = sqlite3_step(select);
     bool live = false, expired_row = false;
@@ -98,14 +117,11 @@ class KeyTable {
       result.outcome = KeyBegin::limit;
       return true;
     }
-    bind_key(insert, rec);
-    bind_text(insert, 4, rec.fingerprint);
-    sqlite3_bind_int64(insert, 5, rec.generation);
-    sqlite3_bind_int64(insert, 6, rec.created_ms);
-    sqlite3_bind_int64(insert, 7, rec.expires_ms);
+    bind_new(insert, rec);
     const bool ok = step(insert, err);
     sqlite3_clear_bindings(insert);
     if (ok && !expired_row) ++n;
+    result.row = ok ? sqlite3_last_insert_rowid(db_) : 0;
     result.outcome = KeyBegin::started;
     return ok;
   }
@@ -113,14 +129,16 @@ class KeyTable {
   // key_settle's work: records the answer of `rec`; *changed says whether a row changed (the
   // caller caches it once the transaction commits). Returns false on an SQLite error.
   bool settle_key(const KeyRecord& rec, bool* changed, std::string* err) {
-    bind_key(settle, rec);
-    sqlite3_bind_int(settle, 4, static_cast<int>(rec.state));
-    sqlite3_bind_int(settle, 5, rec.status);
-    bind_text(settle, 6, rec.headers);
-    sqlite3_bind_blob(settle, 7, rec.body.data(), static_cast<int>(rec.body.size()), SQLITE_STATIC);
-    sqlite3_bind_int(settle, 8, rec.body_kept ? 1 : 0);
-    const bool ok = step(settle, err);
-    sqlite3_clear_bindings(settle);
+    sqlite3_stmt* const st = rec.row > 0 ? settle_row : settle;
+    bind_key(st, rec);
+    sqlite3_bind_int(st, 4, static_cast<int>(rec.state));
+    sqlite3_bind_int(st, 5, rec.status);
+    bind_text(st, 6, rec.headers);
+    sqlite3_bind_blob(st, 7, rec.body.data(), static_cast<int>(rec.body.size()), SQLITE_STATIC);
+    sqlite3_bind_int(st, 8, rec.body_kept ? 1 : 0);
+    if (rec.row > 0) sqlite3_bind_int64(st, 9, rec.row);
+    const bool ok = step(st, err);
+    sqlite3_clear_bindings(st);
     *changed = ok && sqlite3_changes64(db_) > 0;
     if (*changed) add_bytes(rec.resource, static_cast<std::int64_t>(rec.body.size() + rec.headers.size()));
     return ok;
@@ -170,6 +188,13 @@ class KeyTable {
     bind_text(st, 1, r.resource);
     bind_text(st, 2, r.scope);
     bind_text(st, 3, r.key);
+  }
+  static void bind_new(sqlite3_stmt* st, const KeyRecord& r) {  // insert, insert_new
+    bind_key(st, r);
+    bind_text(st, 4, r.fingerprint);
+    sqlite3_bind_int64(st, 5, r.generation);
+    sqlite3_bind_int64(st, 6, r.created_ms);
+    sqlite3_bind_int64(st, 7, r.expires_ms);
   }
   bool step(sqlite3_stmt* st, std::string* err) {
     const int rc = sqlite3_step(st);

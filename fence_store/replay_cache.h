@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "fence_store/store.h"
@@ -19,22 +20,11 @@ class ReplayCache {
  public:
   // Keeps `r` if it is completed (others are not replayable), as the most recently used entry.
   void put(const KeyRecord& r) {
-    if (r.state != KeyState::completed) return;
-    auto p = std::make_shared<const KeyRecord>(r);
-    std::lock_guard lk(mu_);
-    std::string k = key_of(r.resource, r.scope, r.key);
-    if (auto it = map_.find(k); it != map_.end()) {
-      bytes_ -= it->second->second->body.size();
-      it->second->second = std::move(p);
-      bytes_ += it->second->second->body.size();
-      order_.splice(order_.begin(), order_, it->second);
-    } else {
-      order_.emplace_front(std::move(k), std::move(p));
-      map_.emplace(order_.front().first, order_.begin());
-      bytes_ += order_.front().second->body.size();
-    }
-    // The least recently used go first; never the entry just put (a hot key must stay hot).
-    while ((map_.size() > kEntries || bytes_ > kBytes) && map_.size() > 1) erase(std::prev(order_.end()));
+    if (r.state == KeyState::completed) keep(std::make_shared<const KeyRecord>(r));
+  }
+  // The same, taking `r` over (no copy of its strings).
+  void put(KeyRecord&& r) {
+    if (r.state == KeyState::completed) keep(std::make_shared<const KeyRecord>(std::move(r)));
   }
   // The completed key, or nullptr; a hit makes it the most recently used.
   std::shared_ptr<const KeyRecord> get(const std::string& resource, const std::string& scope, const std::string& key) {
@@ -73,15 +63,32 @@ class ReplayCache {
     k.append(resource).append(1, '\0').append(scope).append(1, '\0').append(key);
     return k;
   }
+  void keep(std::shared_ptr<const KeyRecord> p) {  // (the copy or move is made before the lock)
+    std::lock_guard lk(mu_);
+    std::string k = key_of(p->resource, p->scope, p->key);
+    if (auto it = map_.find(k); it != map_.end()) {
+      bytes_ -= it->second->second->body.size();
+      it->second->second = std::move(p);
+      bytes_ += it->second->second->body.size();
+      order_.splice(order_.begin(), order_, it->second);
+    } else {
+      order_.emplace_front(std::move(k), std::move(p));
+      map_.emplace(std::string_view(order_.front().first), order_.begin());
+      bytes_ += order_.front().second->body.size();
+    }
+    // The least recently used go first; never the entry just put (a hot key must stay hot).
+    while ((map_.size() > kEntries || bytes_ > kBytes) && map_.size() > 1) erase(std::prev(order_.end()));
+  }
   void erase(Order::iterator e) {  // mu_ held
     bytes_ -= e->second->body.size();
-    map_.erase(e->first);
+    map_.erase(std::string_view(e->first));
     order_.erase(e);
   }
 
   mutable std::mutex mu_;
   Order order_;                                                 // guarded by mu_
-  std::unordered_map<std::string, Order::iterator> map_;       // guarded by mu_
+  // Keyed by views of the entries' own strings (a list node never moves): one copy of each key.
+  std::unordered_map<std::string_view, Order::iterator> map_;  // guarded by mu_
   std::size_t bytes_ = 0;                                       // guarded by mu_
 };
 

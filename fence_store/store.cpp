@@ -99,14 +99,24 @@ class OwnedStore final : public TestableStore {
         ("DELETE FROM idempotency WHERE resource = ?1 AND scope = ?2 AND key = ?3"
          " RETURNING length(body) + length(headers)"),
         ("DELETE FROM idempotency WHERE id IN (SELECT id FROM idempotency WHERE expires_ms <= ?1"
-         " ORDER BY expires_ms LIMIT ?2) RETURNING resource, scope, key, length(body) + length(headers)")};
+         " ORDER BY expires_ms LIMIT ?2) RETURNING resource, scope, key, length(body) + length(headers)"),
+        // The common cases in one step each: a key never seen (no lookup first; a conflict falls
+        // back to select + insert), and the answer of a key begun here (found by its row id, the
+        // key's columns checked too: a row id reused by another key matches nothing).
+        ("INSERT INTO idempotency(resource, scope, key, state, fingerprint, generation, status, headers, body,"
+         " body_kept, created_ms, expires_ms) VALUES(?1, ?2, ?3, 0, ?4, ?5, 0, '', x'', 1, ?6, ?7)"
+         " ON CONFLICT(resource, scope, key) DO NOTHING"),
+        ("UPDATE idempotency SET state = ?4, status = ?5, headers = ?6, body = ?7, body_kept = ?8"
+         " WHERE id = ?9 AND resource = ?1 AND scope = ?2 AND key = ?3 AND state IN (0, 2)")};
     sqlite3_stmt** outs[] = {&begin_,           &commit_,
                              &rollback_,        &upsert_,
                              &insert_audit_,    &prune_age_,
                              &prune_oldest_,    &count_audit_,
                              &delete_resource_, &keys_.select,
                              &keys_.insert,     &keys_.settle,
-                             &keys_.remove,     &keys_.prune_expired};
+                             &keys_.remove,     &keys_.prune_expired,
+                             &keys_.insert_new, &keys_.settle_row};
+    static_assert(std::size(sqls) == std::size(outs), "one statement per slot, in the same order");
     for (std::size_t i = 0; i < std::size(sqls); ++i)
       if (sqlite3_prepare_v3(wdb_, sqls[i], -1, SQLITE_PREPARE_PERSISTENT, outs[i], nullptr) != SQLITE_OK)
         return "cannot prepare statements on database " + path_ + ": " + sqlite3_errmsg(wdb_);
@@ -139,7 +149,8 @@ class OwnedStore final : public TestableStore {
     // read-write connection can do that.
     reader_.reset();
     for (auto* st : {begin_, commit_, rollback_, upsert_, insert_audit_, prune_age_, prune_oldest_, count_audit_,
-                     delete_resource_, keys_.select, keys_.insert, keys_.settle, keys_.remove, keys_.prune_expired})
+                     delete_resource_, keys_.select, keys_.insert, keys_.settle, keys_.remove, keys_.prune_expired,
+                     keys_.insert_new, keys_.settle_row})
       sqlite3_finalize(st);
     sqlite3_close_v2(wdb_);
     ::close(db_lock_fd_);  // release ownership only after every connection is closed
@@ -466,10 +477,9 @@ class OwnedStore final : public TestableStore {
       if (!s.ok()) (void)keys_.recount();
       else keys_.publish();
     }
-    for (const auto& it : batch)
-      if (it.kind == Item::kKeySettle && it.key->changed) {
-        if (s.ok()) cache_.put(it.key->rec);
-      }
+    if (s.ok())  // (a settle's record is not needed after this: it goes to the cache whole)
+      for (auto& it : batch)
+        if (it.kind == Item::kKeySettle && it.key->changed) cache_.put(std::move(it.key->rec));
     if (!s.ok()) cache_.clear();  // rows cached during the failed batch may not be in the database
     std::shared_ptr<const CommitObserver> obs;
     {

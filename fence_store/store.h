@@ -114,6 +114,7 @@ struct KeyRecord {
   std::string body;                // completed: the body, if kept
   bool body_kept = true;           // false: larger than max_body_bytes, status only
   std::int64_t created_ms = 0, expires_ms = 0;  // unix epoch milliseconds
+  std::int64_t row = 0;  // key_settle: the row key_begin recorded (KeyBeginResult::row), 0 if not known
 };
 
 enum class KeyBegin { started, exists, limit };
@@ -121,6 +122,7 @@ struct KeyBeginResult {
   Status status = Status::OK();  // not OK: nothing recorded (the write must not be forwarded)
   KeyBegin outcome = KeyBegin::started;
   KeyRecord existing;            // outcome exists: the row found
+  std::int64_t row = 0;          // outcome started: the row recorded (for KeyRecord::row)
 };
 
 // A key to record in flight in the same transaction (one commit, one fsync) as a fence advance

@@ -268,6 +268,7 @@ task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
     co_return co_await idem_refuse(rq, sc_->problem, "", IdemOutcome::kCount, n, false);
   }
   if (got.outcome == store::KeyBegin::started) {
+    rec.row = got.row;  // the answer is recorded into this row
     rq.idem = keyed(conf, std::move(rec));
     co_return std::nullopt;
   }

@@ -118,6 +118,72 @@ TEST_CASE("idempotency store: settle completes with the response; release delete
   CHECK(begin(*s, rec("r", "k")).outcome == KeyBegin::started);
 }
 
+TEST_CASE("idempotency store: the answer goes into the row its begin recorded, and no other") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  auto a = begin(*s, rec("r", "a"));
+  auto b = begin(*s, rec("r", "b"));
+  REQUIRE(a.outcome == KeyBegin::started);
+  REQUIRE(b.outcome == KeyBegin::started);
+  CHECK(a.row > 0);
+  CHECK(b.row > 0);
+  CHECK(a.row != b.row);
+  // Key "a" settled with the row of "b" (a row id reused by another key): nothing changes.
+  KeyRecord wrong = rec("r", "a");
+  wrong.row = b.row;
+  wrong.state = KeyState::completed;
+  wrong.status = 500;
+  REQUIRE(settle(*s, wrong).ok());
+  KeyRecord got;
+  REQUIRE(s->key_get("r", "", "a", &got, nullptr));
+  CHECK(got.state == KeyState::in_flight);
+  REQUIRE(s->key_get("r", "", "b", &got, nullptr));
+  CHECK(got.state == KeyState::in_flight);
+  // With its own row, and without one (a key found rather than begun here), the answer lands.
+  KeyRecord done = rec("r", "a");
+  done.row = a.row;
+  done.state = KeyState::completed;
+  done.status = 201;
+  done.body = "a-body";
+  REQUIRE(settle(*s, done).ok());
+  KeyRecord other = rec("r", "b");
+  other.state = KeyState::unknown;
+  other.status = 502;
+  REQUIRE(settle(*s, other).ok());
+  REQUIRE(s->key_get("r", "", "a", &got, nullptr));
+  CHECK(got.state == KeyState::completed);
+  CHECK(got.status == 201);
+  REQUIRE(s->key_get("r", "", "b", &got, nullptr));
+  CHECK(got.state == KeyState::unknown);
+  // Released and begun again: a new row; the old row's answer does not land in it.
+  REQUIRE(release(*s, "r", "a").ok());
+  auto again = begin(*s, rec("r", "a"));
+  REQUIRE(again.outcome == KeyBegin::started);
+  KeyRecord stale = rec("r", "a");
+  stale.row = a.row;
+  stale.state = KeyState::completed;
+  stale.status = 200;
+  REQUIRE(settle(*s, stale).ok());
+  REQUIRE(s->key_get("r", "", "a", &got, nullptr));
+  CHECK(got.state == (again.row == a.row ? KeyState::completed : KeyState::in_flight));
+  CHECK(count_of(*s, "r") == 2);
+}
+
+TEST_CASE("idempotency store: at the limit an expired key is still taken over, a new one refused") {
+  StoreDir t;
+  auto s = must_open(t.db());
+  // (Checked well within the first background removal, kPruneIdleInterval after the start.)
+  REQUIRE(begin(*s, rec("r", "old", 100), 2).outcome == KeyBegin::started);
+  REQUIRE(begin(*s, rec("r", "live"), 2).outcome == KeyBegin::started);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(begin(*s, rec("r", "new"), 2).outcome == KeyBegin::limit);
+  auto old = begin(*s, rec("r", "old", 60000), 2);
+  CHECK(old.outcome == KeyBegin::started);
+  CHECK(old.row > 0);
+  CHECK(count_of(*s, "r") == 2);
+  CHECK(begin(*s, rec("r", "live"), 2).outcome == KeyBegin::exists);
+}
+
 TEST_CASE("idempotency store: the per-resource limit refuses new keys, evicting nothing") {
   StoreDir t;
   auto s = must_open(t.db());
