@@ -3,6 +3,9 @@
 // clients keep retrying stays answerable from memory while a flood of new keys completes.
 #include <doctest/doctest.h>
 
+#include <list>
+#include <map>
+#include <random>
 #include <string>
 
 #include "fence_store/replay_cache.h"
@@ -73,4 +76,47 @@ TEST_CASE("replay cache: the byte bound evicts the least recently used, never th
   CHECK(c.get("res", "", "huge") != nullptr);
   c.drop("res", "", "huge");
   CHECK(c.size() == 0);
+}
+
+TEST_CASE("replay cache: random puts, gets and drops agree with a plain LRU list") {
+  // A small key space over many evictions: the index's probe runs fill, wrap and close up again.
+  ReplayCache c;
+  std::list<std::string> lru;  // the model: most recently used first
+  std::map<std::string, std::pair<int, std::list<std::string>::iterator>> held;
+  std::mt19937 rng(30);
+  auto touch = [&](const std::string& k) {
+    if (auto it = held.find(k); it != held.end()) lru.erase(it->second.second);
+    lru.push_front(k);
+    return lru.begin();
+  };
+  for (int step = 0; step < 60000; ++step) {
+    const std::string k = "k" + std::to_string(rng() % (ReplayCache::kEntries + 2000));
+    const unsigned op = rng() % 10;
+    if (op < 5) {
+      KeyRecord r = completed(k);
+      r.status = 200 + step % 300;
+      c.put(std::move(r));
+      held[k] = {200 + step % 300, touch(k)};
+      if (lru.size() > ReplayCache::kEntries) {
+        held.erase(lru.back());
+        lru.pop_back();
+      }
+    } else if (op < 9) {
+      auto got = c.get("res", "", k);
+      auto it = held.find(k);
+      REQUIRE((got != nullptr) == (it != held.end()));
+      if (got) {
+        CHECK(got->status == it->second.first);
+        it->second.second = touch(k);
+      }
+    } else {
+      c.drop("res", "", k);
+      if (auto it = held.find(k); it != held.end()) {
+        lru.erase(it->second.second);
+        held.erase(it);
+      }
+    }
+    if (step % 1000 == 0) REQUIRE(c.size() == lru.size());
+  }
+  for (const auto& k : lru) CHECK(c.get("res", "", k) != nullptr);
 }
