@@ -251,7 +251,6 @@ task<std::optional<bool>> Session::idem_gate(RequestState& rq, Exchange& ex) {
       CrossThreadResult<store::KeyBeginResult>::fulfil(slot, std::move(r));
     });
     got = co_await slot->wait();
-    prompt_ = true;
   }
   const std::uint64_t n = rq.idem_body;
   if (!got.status.ok() || got.outcome == store::KeyBegin::limit) {
@@ -319,8 +318,8 @@ void Session::idem_capture_runs(Forwarding& fw, std::size_t first) {
 void Session::idem_settle(idem::Keyed& k) {
   if (k.cap.settled) return;
   k.cap.settled = true;
-  store::KeyRecord rec = k.rec;
-  const std::string& resource = k.rec.resource;
+  store::KeyRecord rec = std::move(k.rec);  // settled: nothing reads k.rec again
+  const std::string& resource = rec.resource;
   switch (idem::fate_of(k.cap.status, k.release_statuses, k.unknown_statuses)) {
     case idem::Fate::release:
       rt_.metrics.count(resource, IdemOutcome::released);
