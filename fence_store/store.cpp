@@ -440,17 +440,16 @@ class OwnedStore final : public TestableStore {
   void gather(std::unique_lock<std::mutex>& lk) {
     const std::size_t seen = eager_ + unsettled_;
     expected_ = std::max(expected_ > 0 ? expected_ - 1 : 0, seen);
-    if (!gather_in_flight_ && ++gather_streak_ > kGatherProbation) gather_in_flight_ = true;
-    const std::size_t away = gather_in_flight_ ? 0 : unsettled_;
+    const bool in_flight_too = in_flight_left_out_ == 0;
+    if (!in_flight_too) --in_flight_left_out_;
+    const std::size_t away = in_flight_too ? 0 : unsettled_;
     const std::size_t want = std::min(kGatherItems, expected_ > away ? expected_ - away : 0);
     if (eager_ >= want) return;
     gather_wanted_ = want;
     // Fewer came than expected: expect what came (a burst that is over is not waited for again).
     if (!cv_.wait_for(lk, kGatherMax, [&] { return stopping_ || eager_ >= gather_wanted_; })) {
-      if (gather_in_flight_ && unsettled_ > 0) {  // the keys in flight did not come back in time
-        gather_in_flight_ = false;
-        gather_streak_ = 0;
-      }
+      if (in_flight_too && unsettled_ > 0)  // the keys in flight did not come back in time
+        in_flight_left_out_ = kGatherProbation;
       expected_ = eager_ + unsettled_;
     }
     gather_wanted_ = 0;
@@ -477,10 +476,12 @@ class OwnedStore final : public TestableStore {
       if (!s.ok()) (void)keys_.recount();
       else keys_.publish();
     }
-    if (s.ok())  // (a settle's record is not needed after this: it goes to the cache whole)
+    if (s.ok()) {  // (a settle's record is not needed after this: it goes to the cache whole)
       for (auto& it : batch)
         if (it.kind == Item::kKeySettle && it.key->changed) cache_.put(std::move(it.key->rec));
-    if (!s.ok()) cache_.clear();  // rows cached during the failed batch may not be in the database
+    } else {
+      cache_.clear();  // rows cached during the failed batch may not be in the database
+    }
     std::shared_ptr<const CommitObserver> obs;
     {
       std::lock_guard lk(observer_mu_);
@@ -800,8 +801,7 @@ class OwnedStore final : public TestableStore {
   std::size_t gather_wanted_ = 0;  // > 0: the store thread gathers until eager_ reaches it
   bool busy_ = false;              // the last batch ended with eager items queued behind it
   std::size_t expected_ = 0;       // the most writers seen waiting or in flight lately (decays)
-  bool gather_in_flight_ = true;   // gather() waits for the keys in flight upstream too
-  int gather_streak_ = 0;          // gathers since that was turned off (kGatherProbation)
+  int in_flight_left_out_ = 0;     // gathers still to come that leave the keys in flight out
   std::size_t unsettled_ = 0;      // keys begun and not yet settled or released: in flight upstream
   std::vector<Item> queue_;
   bool stopping_ = false;
